@@ -1,0 +1,368 @@
+package fencekv
+
+import (
+	"context"
+	"strconv"
+	"time"
+
+	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/lease"
+)
+
+// WriteOptions fence a write.
+type WriteOptions struct {
+	// Token is the caller's fencing token; 0 means none (G3).
+	Token Token
+	// Strict accepts the write only if Token is above the key's fence.
+	Strict bool
+	// Lock, if set, accepts the write only if that lock is held by Token
+	// and its lease has not expired (G4).
+	Lock string
+}
+
+// Entry is a key's state as a read or write left it.
+type Entry struct {
+	Key      []byte
+	Value    []byte
+	Found    bool
+	Fence    Token
+	Revision Revision
+}
+
+// WriteResult is the key's fence and revision after an accepted write.
+type WriteResult struct {
+	Fence    Token
+	Revision Revision
+}
+
+func (db *DB) checkKey(key []byte) error {
+	switch {
+	case len(key) == 0:
+		return errorf(CodeBadRequest, "key is empty")
+	case len(key) > db.opts.MaxKeySize:
+		return errorf(CodeTooLarge, "key is %d bytes, over the limit of %d", len(key), db.opts.MaxKeySize)
+	}
+	return nil
+}
+
+func (db *DB) checkWrite(key, value []byte, w WriteOptions) error {
+	if err := db.checkKey(key); err != nil {
+		return err
+	}
+	if len(value) > db.opts.MaxValueSize {
+		return errorf(CodeTooLarge, "value is %d bytes, over the limit of %d", len(value), db.opts.MaxValueSize)
+	}
+	if w.Strict && w.Token == 0 {
+		return errorf(CodeBadRequest, "strict needs a token")
+	}
+	if w.Lock != "" {
+		if w.Token == 0 {
+			return errorf(CodeBadRequest, "a held write (lock %q) needs the lock's token", w.Lock)
+		}
+		return db.checkName(w.Lock)
+	}
+	return nil
+}
+
+func (db *DB) checkName(name string) error {
+	switch {
+	case name == "":
+		return errorf(CodeBadRequest, "lock name is empty")
+	case len(name) > db.opts.MaxKeySize:
+		return errorf(CodeTooLarge, "lock name is %d bytes, over the limit of %d", len(name), db.opts.MaxKeySize)
+	}
+	return nil
+}
+
+func (w WriteOptions) kv() kv.Write { return kv.Write{Token: w.Token, Strict: w.Strict} }
+
+func (db *DB) write(ctx context.Context, c Command, w WriteOptions) Result {
+	if err := db.checkWrite(c.Key, c.Value, w); err != nil {
+		return Result{Err: err}
+	}
+	c.Write, c.Lock = w.kv(), w.Lock
+	return db.exec(ctx, c)
+}
+
+func written(r Result) (WriteResult, error) {
+	if r.Err != nil {
+		return WriteResult{}, r.Err
+	}
+	return WriteResult{Fence: r.Entry.Fence, Revision: r.Entry.Revision}, nil
+}
+
+// Put writes value to key. It returns after the write is durable.
+func (db *DB) Put(ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
+	return written(db.write(ctx, Command{Op: OpPut, Key: key, Value: value}, w))
+}
+
+// Delete removes key; its fence survives. deleted is false if the key was
+// not there (which is not an error). A delete carrying a token raises the
+// fence even of a missing key.
+func (db *DB) Delete(ctx context.Context, key []byte, w WriteOptions) (deleted bool, res WriteResult, err error) {
+	r := db.write(ctx, Command{Op: OpDelete, Key: key}, w)
+	res, err = written(r)
+	return r.Deleted, res, err
+}
+
+// CAS writes value if key is at revision rev; rev 0 means the key must be
+// absent. A mismatch is ErrCompareFailed with the key's current revision.
+func (db *DB) CAS(ctx context.Context, key []byte, rev Revision, value []byte, w WriteOptions) (WriteResult, error) {
+	return written(db.write(ctx, Command{Op: OpCAS, Key: key, Revision: rev, Value: value}, w))
+}
+
+// Incr adds delta to the signed 64-bit integer stored at key as decimal
+// text (a missing key counts as 0) and returns the new value.
+func (db *DB) Incr(ctx context.Context, key []byte, delta int64, w WriteOptions) (int64, WriteResult, error) {
+	r := db.write(ctx, Command{Op: OpIncr, Key: key, Delta: delta}, w)
+	res, err := written(r)
+	return r.Int, res, err
+}
+
+// Get reads key. A missing key is not an error: Found is false, and Fence
+// still reports a deleted key's fence.
+func (db *DB) Get(ctx context.Context, key []byte) (Entry, error) {
+	if err := db.checkKey(key); err != nil {
+		return Entry{}, err
+	}
+	var e kv.Entry
+	err := db.view(func(tx *kv.Tx, _ time.Duration) error {
+		e = tx.Get(key)
+		return nil
+	})
+	return Entry(e), err
+}
+
+// ScanOptions select the keys of a Scan.
+type ScanOptions struct {
+	Prefix []byte
+	Start  []byte // first key to return (inclusive); page with last key + "\x00"
+	Limit  int    // 0: 1000 (or MaxScan if smaller); at most MaxScan
+}
+
+// Scan returns live keys in byte order. more reports that further keys
+// match; it is also set when the page stopped at MaxScanBytes.
+func (db *DB) Scan(ctx context.Context, o ScanOptions) (items []Entry, more bool, err error) {
+	limit, err := db.limit(o.Limit)
+	if err != nil {
+		return nil, false, err
+	}
+	err = db.view(func(tx *kv.Tx, _ time.Duration) error {
+		es, m := tx.Scan(o.Prefix, o.Start, limit, db.opts.MaxScanBytes)
+		items = make([]Entry, len(es))
+		for i, e := range es {
+			items[i] = Entry(e)
+		}
+		more = m
+		return nil
+	})
+	return items, more, err
+}
+
+func (db *DB) limit(n int) (int, error) {
+	switch {
+	case n < 0:
+		return 0, errorf(CodeBadRequest, "limit %d is negative", n)
+	case n == 0:
+		return min(1000, db.opts.MaxScan), nil
+	case n > db.opts.MaxScan:
+		return 0, errorf(CodeBadRequest, "limit %d is over the maximum of %d", n, db.opts.MaxScan)
+	}
+	return n, nil
+}
+
+// AcquireOptions tune Acquire. The zero value takes the lock only if it is
+// free now.
+type AcquireOptions struct {
+	Holder    string        // shown to others by LockInfo and in lock_held refusals
+	Wait      time.Duration // queue up to this long (first come, first served)
+	LockDelay time.Duration // after this lease expires, nobody may acquire for this long
+}
+
+// Lease is a granted lock.
+type Lease struct {
+	Name  string
+	Token Token
+	TTL   time.Duration
+}
+
+// Acquire takes the lock name for ttl. The token is new: above every token
+// this store ever issued (G1). If the lock is held and o.Wait > 0, the
+// caller is queued and the lock is handed to it, in the transaction that
+// frees it, when its turn comes. A lock that cannot be granted is
+// ErrLockHeld with the holder and the time to wait.
+//
+// If ctx ends while queued, Acquire returns ctx's error; if the grant had
+// already been made, it is released first.
+func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *AcquireOptions) (Lease, error) {
+	var ao AcquireOptions
+	if o != nil {
+		ao = *o
+	}
+	if err := db.checkAcquire(name, ttl, ao); err != nil {
+		return Lease{}, err
+	}
+	r := newRequest(Command{Op: OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
+	r.wait = ao.Wait
+	defer r.free()
+	if err := db.submit(ctx, r); err != nil {
+		return Lease{}, err
+	}
+	if r.waiter == nil {
+		if r.res.Err != nil {
+			return Lease{}, r.res.Err
+		}
+		return Lease{Name: name, Token: r.res.Grant.Token, TTL: r.res.Grant.TTL}, nil
+	}
+	return db.awaitGrant(ctx, r.waiter, ao.Wait)
+}
+
+func (db *DB) checkAcquire(name string, ttl time.Duration, o AcquireOptions) error {
+	if err := db.checkName(name); err != nil {
+		return err
+	}
+	switch {
+	case ttl < db.opts.MinTTL || ttl > db.opts.MaxTTL:
+		return errorf(CodeBadRequest, "ttl %v is outside %v..%v", ttl, db.opts.MinTTL, db.opts.MaxTTL)
+	case o.Wait < 0 || o.Wait > db.opts.MaxWait:
+		return errorf(CodeBadRequest, "wait %v is outside 0..%v", o.Wait, db.opts.MaxWait)
+	case o.LockDelay < 0 || o.LockDelay > db.opts.MaxLockDelay:
+		return errorf(CodeBadRequest, "lock delay %v is outside 0..%v", o.LockDelay, db.opts.MaxLockDelay)
+	case len(o.Holder) > db.opts.MaxKeySize:
+		return errorf(CodeTooLarge, "holder is %d bytes, over the limit of %d", len(o.Holder), db.opts.MaxKeySize)
+	}
+	return nil
+}
+
+// awaitGrant waits for a queued acquire's turn, its wait limit, or ctx.
+func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, wait time.Duration) (Lease, error) {
+	timer := db.clock.NewTimer(wait)
+	defer timer.Stop()
+	granted := func() (Lease, error) {
+		if w.Err != nil {
+			return Lease{}, w.Err
+		}
+		return Lease{Name: w.Req.Name, Token: w.Grant.Token, TTL: w.Grant.TTL}, nil
+	}
+	select {
+	case <-w.Done():
+		return granted()
+	case <-timer.C():
+		if !db.leases.Cancel(w) {
+			<-w.Done()
+			return granted()
+		}
+		return Lease{}, db.lockHeld(w.Req.Name)
+	case <-ctx.Done():
+		if !db.leases.Cancel(w) {
+			<-w.Done()
+			if w.Err == nil {
+				// Nobody will use this grant: give the lock to the next.
+				_ = db.Release(context.Background(), w.Req.Name, w.Grant.Token)
+			}
+		}
+		return Lease{}, ctx.Err()
+	}
+}
+
+// lockHeld describes why name cannot be acquired now, for a wait that ran
+// out.
+func (db *DB) lockHeld(name string) error {
+	in, err := db.LockInfo(context.Background(), name)
+	if err != nil {
+		return err
+	}
+	retry := in.TTL + in.Delay
+	if retry <= 0 {
+		retry = db.opts.MinTTL
+	}
+	return &Error{Code: CodeLockHeld, Holder: in.Holder, Token: in.Token, RetryAfter: retry,
+		Message: "lock " + quote(name) + " is still held after the wait"}
+}
+
+// Renew gives the lease of token on name its full TTL again. It is
+// idempotent; a retry is always safe. A lease that ran out is
+// ErrLeaseExpired; a lock held by another token (or free) is ErrNotHolder.
+func (db *DB) Renew(ctx context.Context, name string, token Token) (time.Duration, error) {
+	if err := db.checkName(name); err != nil {
+		return 0, err
+	}
+	r := db.exec(ctx, Command{Op: OpRenew, Lease: lease.Request{Name: name}, Token: token})
+	return r.TTL, r.Err
+}
+
+// Release frees the lock if token holds it, and hands it to the next
+// waiter. There is no lock-delay after a clean release.
+func (db *DB) Release(ctx context.Context, name string, token Token) error {
+	if err := db.checkName(name); err != nil {
+		return err
+	}
+	return db.exec(ctx, Command{Op: OpRelease, Lease: lease.Request{Name: name}, Token: token}).Err
+}
+
+// LockInfo describes a lock: whether it is held, by whom, with which token,
+// for how long more; or, if free, its latest token and any lock-delay left.
+type LockInfo = lease.Info
+
+// LockInfo describes the lock name now.
+func (db *DB) LockInfo(ctx context.Context, name string) (LockInfo, error) {
+	if err := db.checkName(name); err != nil {
+		return LockInfo{}, err
+	}
+	var in LockInfo
+	err := db.view(func(tx *kv.Tx, now time.Duration) error {
+		var err error
+		in, err = db.leases.Info(tx, now, name)
+		return err
+	})
+	return in, err
+}
+
+// Locks lists up to limit held locks whose names start with prefix, in
+// byte order, from start (inclusive).
+func (db *DB) Locks(ctx context.Context, prefix, start string, limit int) (locks []LockInfo, more bool, err error) {
+	limit, err = db.limit(limit)
+	if err != nil {
+		return nil, false, err
+	}
+	err = db.view(func(tx *kv.Tx, now time.Duration) error {
+		var err error
+		locks, more, err = db.leases.List(tx, now, prefix, start, limit)
+		return err
+	})
+	return locks, more, err
+}
+
+// Status describes the store.
+type Status struct {
+	Version   string
+	LastToken Token    // the highest token ever issued
+	Revision  Revision // accepted writes, store-wide
+	Keys      uint64   // live keys
+	Locks     int      // leases held
+	Waiters   int      // callers queued for locks
+	Commits   uint64   // transactions committed since Open
+	Commands  uint64   // commands applied since Open
+	DataSize  int64    // bytes in the data file
+}
+
+// Status reads the store's counters.
+func (db *DB) Status(ctx context.Context) (Status, error) {
+	s := Status{
+		Version:  Version,
+		Locks:    db.leases.Held(),
+		Waiters:  db.leases.TotalWaiting(),
+		Commits:  db.commits.Load(),
+		Commands: db.commands.Load(),
+	}
+	err := db.view(func(tx *kv.Tx, _ time.Duration) error {
+		s.LastToken, s.Revision, s.Keys, s.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()
+		return nil
+	})
+	return s, err
+}
+
+// Limits returns the options in force, for servers that advertise them.
+func (db *DB) Limits() Options { return db.opts }
+
+func quote(s string) string { return strconv.Quote(s) }

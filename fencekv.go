@@ -1,0 +1,529 @@
+// Package fencekv is the fencekv engine: a key-value store and a lock
+// service in one transactional boundary, for embedding in Go programs. The
+// TCP server (package wire) and the fencekv binary are built on it.
+//
+// A DB has three nouns: keys (with values, a fence and a revision), locks
+// (leases with fencing tokens), and commands (the only way either changes).
+//
+//	db, err := fencekv.Open("data", nil)
+//	l, err := db.Acquire(ctx, "inventory", 10*time.Second, nil)
+//	_, err = db.Put(ctx, []byte("inventory/sku-1"), []byte("7"), fencekv.WriteOptions{Token: l.Token})
+//	err = db.Release(ctx, "inventory", l.Token)
+//
+// # Guarantees
+//
+//   - G1: every grant draws its token from one store-wide sequence that
+//     strictly increases across locks, restarts and crashes.
+//   - G2: every key keeps its fence, the highest token any accepted write to
+//     it carried, in the same transaction as its value; a write with a lower
+//     token (or not higher, when Strict) is refused with ErrStaleToken. The
+//     fence outlives a delete.
+//   - G3: a write without a token is accepted only while the key's fence is 0.
+//   - G4: a write naming a lock is accepted only if that lock is held by
+//     exactly its token and the lease has not expired when it is applied.
+//   - G5: grants, renewals, releases, expiries and writes are Commands,
+//     applied one after another by one deterministic function inside bbolt
+//     read-write transactions.
+//   - G6: a call returns only after the transaction that applied its command
+//     committed with fsync. Many commands share a transaction (group
+//     commit); none is answered before it is durable.
+//   - G7: leases are durations on the engine's monotonic clock; on Open every
+//     live lease gets its full TTL again, and every lock in lock-delay its
+//     full delay.
+//   - G8: every refusal is an *Error with a stable Code and its facts; a
+//     refused command changes nothing and does not fail others in its batch.
+//
+// Reads (Get, Scan, LockInfo, Locks, Status) run in read-only transactions
+// concurrently with the writer; they see every acknowledged command and
+// nothing that is not yet durable.
+//
+// # Caveats
+//
+// Tokens are compared, not authenticated: a caller that writes with a huge
+// token it invented fences that key against every real holder. Waiter
+// queues live in memory: a restart drops them (their callers get an error).
+// An expired lock's record is kept until the lock is acquired again, so
+// that a late holder is told lease_expired; lock names are therefore not
+// free to use in unbounded numbers. Only one process may open a data dir.
+//
+// The engine is the root package, not a package of its own, so that
+// embedding programs write fencekv.Open and errors.Is(err,
+// fencekv.ErrStaleToken), and the same names serve the wire client.
+package fencekv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/lease"
+)
+
+// Version is the version of fencekv.
+const Version = "0.1.0"
+
+// DataFile is the name of the bbolt file inside a data dir.
+const DataFile = "fencekv.db"
+
+// Options configure a DB. Use DefaultOptions and change what you need; a
+// nil *Options to Open means the defaults.
+type Options struct {
+	Clock  Clock        // nil: the real clock
+	Logger *slog.Logger // nil: discard
+
+	// NoSync skips fsync on commit. It breaks G6; for tests only.
+	NoSync bool
+
+	MaxKeySize   int           // bytes; also the limit for lock names and holders
+	MaxValueSize int           // bytes
+	MinTTL       time.Duration // shortest lease
+	MaxTTL       time.Duration // longest lease
+	MaxLockDelay time.Duration
+	MaxWait      time.Duration // longest wait of a blocking acquire
+	MaxWaiters   int           // callers queued for locks, store-wide
+	MaxScan      int           // most items one Scan or Locks returns
+	MaxScanBytes int           // a Scan stops after about this many bytes of keys and values
+	MaxBatch     int           // most commands in one transaction
+	QueueDepth   int           // commands waiting for the commit loop
+}
+
+// DefaultOptions returns the defaults documented in README.md.
+func DefaultOptions() Options {
+	return Options{
+		MaxKeySize:   4 << 10,
+		MaxValueSize: 1 << 20,
+		MinTTL:       100 * time.Millisecond,
+		MaxTTL:       time.Hour,
+		MaxLockDelay: time.Hour,
+		MaxWait:      time.Hour,
+		MaxWaiters:   100_000,
+		MaxScan:      10_000,
+		MaxScanBytes: 2 << 20,
+		MaxBatch:     1024,
+		QueueDepth:   8192,
+	}
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.QueueDepth <= 0:
+		return errors.New("fencekv: size limits must be positive")
+	case o.MinTTL <= 0 || o.MaxTTL < o.MinTTL:
+		return fmt.Errorf("fencekv: bad TTL range %v..%v", o.MinTTL, o.MaxTTL)
+	case o.MaxLockDelay < 0 || o.MaxWait < 0 || o.MaxWaiters < 0:
+		return errors.New("fencekv: MaxLockDelay, MaxWait and MaxWaiters must not be negative")
+	}
+	return nil
+}
+
+// DB is an open fencekv engine. Its methods are safe for concurrent use.
+type DB struct {
+	opts   Options
+	log    *slog.Logger
+	clock  Clock
+	epoch  time.Time
+	store  *kv.Store
+	leases *lease.Manager
+
+	reqs   chan *request
+	sendMu sync.RWMutex // held for reading while sending on reqs; for writing by Close
+	closed bool         // guarded by sendMu
+	stop   chan struct{}
+	wg     sync.WaitGroup
+
+	mu        sync.Mutex    // guards durable, committed, failed
+	durable   int           // id of the last transaction known durable
+	committed chan struct{} // closed and replaced after each commit
+	failed    error         // set when a commit failed; writes are refused after
+
+	commits  atomic.Uint64
+	commands atomic.Uint64
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the data dir (creating it if needed) and starts the commit
+// and expiry loops. It fails with ErrLocked when another process has the
+// dir open, and with ErrSchema for a file of another schema version. Every
+// live lease gets its full TTL again (G7).
+func Open(dir string, opts *Options) (*DB, error) {
+	o := DefaultOptions()
+	if opts != nil {
+		o = *opts
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fencekv: data dir: %w", err)
+	}
+	store, err := kv.Open(filepath.Join(dir, DataFile), kv.Options{NoSync: o.NoSync})
+	if err != nil {
+		return nil, err
+	}
+	db := &DB{
+		opts:      o,
+		log:       o.Logger,
+		clock:     o.Clock,
+		store:     store,
+		leases:    lease.NewManager(),
+		reqs:      make(chan *request, o.QueueDepth),
+		stop:      make(chan struct{}),
+		committed: make(chan struct{}),
+	}
+	if db.log == nil {
+		db.log = slog.New(slog.DiscardHandler)
+	}
+	if db.clock == nil {
+		db.clock = realClock{}
+	}
+	db.epoch = db.clock.Now()
+	err = store.Update(func(tx *kv.Tx) error {
+		return db.leases.Rearm(tx, db.now())
+	})
+	if err == nil {
+		err = store.View(func(tx *kv.Tx) error {
+			db.durable = tx.ID()
+			return nil
+		})
+	}
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	db.wg.Add(2)
+	go db.commitLoop()
+	go db.expiryLoop()
+	return db, nil
+}
+
+// Close stops accepting commands, lets the commit loop answer every command
+// already submitted, fails queued waiters with ErrUnavailable, and closes
+// the file. It is safe to call more than once; later calls return the first
+// call's result.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		db.sendMu.Lock()
+		db.closed = true
+		close(db.reqs)
+		db.sendMu.Unlock()
+		close(db.stop)
+		db.wg.Wait()
+		db.closeErr = db.store.Close()
+	})
+	return db.closeErr
+}
+
+// now is the engine's time: the monotonic offset since Open.
+func (db *DB) now() time.Duration { return db.clock.Now().Sub(db.epoch) }
+
+var errClosed = errorf(CodeUnavailable, "the database is closed")
+
+// request is a command on its way through the commit loop.
+type request struct {
+	cmd    Command
+	wait   time.Duration // acquire: queue for the lock this long if it is held
+	res    Result
+	waiter *lease.Waiter // set by the commit loop when the acquire was queued
+	done   chan struct{} // receives once res (and waiter) are set
+}
+
+var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
+
+func newRequest(c Command) *request {
+	r := requestPool.Get().(*request)
+	r.cmd = c
+	return r
+}
+
+func (r *request) free() {
+	*r = request{done: r.done}
+	requestPool.Put(r)
+}
+
+// submit hands r to the commit loop and waits for its result. Once sent, a
+// command is applied and answered whatever ctx does: ctx bounds only the
+// wait for room in the queue.
+func (db *DB) submit(ctx context.Context, r *request) error {
+	db.sendMu.RLock()
+	if db.closed {
+		db.sendMu.RUnlock()
+		return errClosed
+	}
+	select {
+	case db.reqs <- r:
+	case <-ctx.Done():
+		db.sendMu.RUnlock()
+		return ctx.Err()
+	}
+	db.sendMu.RUnlock()
+	<-r.done
+	return nil
+}
+
+// exec runs one command through the commit loop.
+func (db *DB) exec(ctx context.Context, c Command) Result {
+	r := newRequest(c)
+	defer r.free()
+	if err := db.submit(ctx, r); err != nil {
+		return Result{Err: err}
+	}
+	return r.res
+}
+
+// commitLoop owns the write side: it takes every command waiting, applies
+// them in one transaction, commits, and only then answers them. The batch
+// size follows the load: while one commit's fsync runs, the next batch
+// gathers. There is no timer.
+func (db *DB) commitLoop() {
+	defer db.wg.Done()
+	batch := make([]*request, 0, db.opts.MaxBatch)
+	for {
+		r, ok := <-db.reqs
+		if !ok {
+			db.drainWaiters()
+			return
+		}
+		batch = append(batch[:0], r)
+	gather:
+		for len(batch) < db.opts.MaxBatch {
+			select {
+			case r, ok := <-db.reqs:
+				if !ok {
+					break gather
+				}
+				batch = append(batch, r)
+			default:
+				break gather
+			}
+		}
+		db.commitBatch(batch)
+		clear(batch)
+	}
+}
+
+// handoff is a grant made to a queued waiter, answered after commit.
+type handoff struct {
+	w   *lease.Waiter
+	res Result
+}
+
+func (db *DB) commitBatch(batch []*request) {
+	db.mu.Lock()
+	failed := db.failed
+	db.mu.Unlock()
+	var tx *kv.Tx
+	if failed == nil {
+		tx, failed = db.store.Begin(true)
+	}
+	if failed != nil {
+		for _, r := range batch {
+			r.res = Result{Err: errorf(CodeUnavailable, "the store failed: %v", failed)}
+			r.done <- struct{}{}
+		}
+		return
+	}
+	now := db.now()
+	var handed []handoff
+	for _, r := range batch {
+		c := &r.cmd
+		c.Now = now
+		if c.Op == OpAcquire && db.leases.Waiting(c.Lease.Name) > 0 {
+			// Waiters come first: if the holder's lease is past due,
+			// expire it now and hand the lock to the head of the queue.
+			handed = db.expire(tx, now, c.Lease.Name, handed)
+		}
+		r.res = apply(tx, db.leases, c)
+		if c.Op == OpAcquire && r.wait > 0 && errors.Is(r.res.Err, ErrLockHeld) {
+			w := lease.NewWaiter(c.Lease)
+			if err := db.leases.Enqueue(w, db.opts.MaxWaiters); err != nil {
+				r.res.Err = err
+			} else {
+				r.waiter = w
+			}
+		}
+		if r.res.Freed {
+			handed = db.handOff(tx, now, c.Lease.Name, handed)
+		}
+	}
+	id := tx.ID()
+	if err := tx.Commit(); err != nil {
+		db.log.Error("commit failed; refusing writes until restart", "err", err)
+		db.mu.Lock()
+		db.failed = err
+		close(db.committed)
+		db.committed = make(chan struct{})
+		db.mu.Unlock()
+		fail := errorf(CodeUnavailable, "commit failed: %v", err)
+		for _, r := range batch {
+			r.res = Result{Err: fail}
+			if r.waiter != nil {
+				db.leases.Cancel(r.waiter)
+				r.waiter = nil
+			}
+			r.done <- struct{}{}
+		}
+		for _, h := range handed {
+			h.w.Finish(lease.Grant{}, fail)
+		}
+		return
+	}
+	db.mu.Lock()
+	db.durable = id
+	close(db.committed)
+	db.committed = make(chan struct{})
+	db.mu.Unlock()
+	db.commits.Add(1)
+	db.commands.Add(uint64(len(batch) + len(handed)))
+	for _, r := range batch {
+		r.done <- struct{}{}
+	}
+	for _, h := range handed {
+		h.w.Finish(h.res.Grant, h.res.Err)
+	}
+}
+
+// expire applies what is due on a lock, and hands it to a waiter if that
+// freed it.
+func (db *DB) expire(tx *kv.Tx, now time.Duration, name string, handed []handoff) []handoff {
+	res := apply(tx, db.leases, &Command{Op: OpExpire, Now: now, Lease: lease.Request{Name: name}})
+	if res.Err != nil {
+		db.log.Error("expire failed", "lock", name, "err", res.Err)
+	}
+	if res.Freed {
+		handed = db.handOff(tx, now, name, handed)
+	}
+	return handed
+}
+
+// handOff grants a freed lock to the first waiter still waiting, in the
+// same transaction that freed it (FIFO; no thundering herd).
+func (db *DB) handOff(tx *kv.Tx, now time.Duration, name string, handed []handoff) []handoff {
+	for {
+		w := db.leases.Pop(name)
+		if w == nil {
+			return handed
+		}
+		res := apply(tx, db.leases, &Command{Op: OpAcquire, Now: now, Lease: w.Req})
+		handed = append(handed, handoff{w, res})
+		if res.Err == nil {
+			return handed
+		}
+	}
+}
+
+// drainWaiters fails every queued waiter. Called by the commit loop as it
+// exits.
+func (db *DB) drainWaiters() {
+	for _, name := range db.leases.QueuedLocks() {
+		for w := db.leases.Pop(name); w != nil; w = db.leases.Pop(name) {
+			w.Finish(lease.Grant{}, errClosed)
+		}
+	}
+}
+
+// expiryLoop submits an expire command for each lock whose lease or
+// lock-delay is due, sleeping until the earliest one otherwise. Correctness
+// does not depend on its promptness: every command judges leases by its own
+// time. It only frees locks for waiters and keeps records tidy.
+func (db *DB) expiryLoop() {
+	defer db.wg.Done()
+	for {
+		at, ok := db.leases.Next()
+		var timer Timer
+		var fire <-chan time.Time
+		if ok {
+			now := db.now()
+			if at <= now {
+				if !db.expireDue(now) {
+					return
+				}
+				continue
+			}
+			timer = db.clock.NewTimer(at - now)
+			fire = timer.C()
+		}
+		select {
+		case <-fire:
+		case <-db.leases.Wake():
+		case <-db.stop:
+			if timer != nil {
+				timer.Stop()
+			}
+			return
+		}
+		if timer != nil {
+			timer.Stop()
+		}
+	}
+}
+
+// expireDue submits expire commands for what is due at now and waits for
+// them. It returns false when the DB is closing or failed.
+func (db *DB) expireDue(now time.Duration) bool {
+	names := db.leases.Due(now, db.opts.MaxBatch)
+	reqs := make([]*request, 0, len(names))
+	defer func() {
+		for _, r := range reqs {
+			r.free()
+		}
+	}()
+	for _, name := range names {
+		r := newRequest(Command{Op: OpExpire, Lease: lease.Request{Name: name}})
+		db.sendMu.RLock()
+		if db.closed {
+			db.sendMu.RUnlock()
+			r.free()
+			return false
+		}
+		select {
+		case db.reqs <- r:
+			reqs = append(reqs, r)
+		case <-db.stop:
+			db.sendMu.RUnlock()
+			r.free()
+			return false
+		}
+		db.sendMu.RUnlock()
+	}
+	ok := true
+	for _, r := range reqs {
+		<-r.done
+		if r.res.Err != nil {
+			ok = false
+		}
+	}
+	return ok
+}
+
+// view runs fn in a read-only transaction that sees only durable state: if
+// the snapshot includes a commit whose fsync has not returned yet, it waits
+// for it (and fails if it failed).
+func (db *DB) view(fn func(tx *kv.Tx, now time.Duration) error) error {
+	tx, err := db.store.Begin(false)
+	if err != nil {
+		return errorf(CodeUnavailable, "%v", err)
+	}
+	defer tx.Rollback()
+	for {
+		db.mu.Lock()
+		durable, ch, failed := db.durable, db.committed, db.failed
+		db.mu.Unlock()
+		if tx.ID() <= durable {
+			break
+		}
+		if failed != nil {
+			return errorf(CodeUnavailable, "the store failed: %v", failed)
+		}
+		<-ch
+	}
+	return fn(tx, db.now())
+}

@@ -1,0 +1,496 @@
+// Package kv is fencekv's storage engine: it owns the bbolt file and its
+// layout, and implements the fenced operations on a read-write transaction.
+//
+// The file holds four buckets:
+//
+//	meta   schema version, store-wide revision, last issued token, live key count
+//	keys   key -> record: flags (1 byte), fence (8), revision (8), value
+//	locks  lock name -> lease record (opaque here; encoded by package lease)
+//
+// Every number is stored as 8-byte big-endian, so bbolt's byte order is
+// numeric order. A deleted key keeps its record, with the live flag cleared,
+// so that its fence outlives the delete (G2).
+//
+// The package has no goroutines and no clocks. A Tx is used by one goroutine
+// at a time; the caller decides when it commits.
+package kv
+
+import (
+	"bytes"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"strconv"
+	"time"
+
+	bolt "go.etcd.io/bbolt"
+	berrors "go.etcd.io/bbolt/errors"
+)
+
+// SchemaVersion is the layout version this package reads and writes.
+const SchemaVersion = 1
+
+// Token is a fencing token: one value of the store-wide sequence that lock
+// grants draw from. 0 means "no token".
+type Token uint64
+
+func (t Token) String() string { return strconv.FormatUint(uint64(t), 10) }
+
+// Revision counts accepted writes store-wide; each key reports the revision
+// of its last change. 0 means "never written".
+type Revision uint64
+
+func (r Revision) String() string { return strconv.FormatUint(uint64(r), 10) }
+
+var (
+	bucketMeta  = []byte("meta")
+	bucketKeys  = []byte("keys")
+	bucketLocks = []byte("locks")
+
+	metaSchema    = []byte("schema")
+	metaRevision  = []byte("revision")
+	metaLastToken = []byte("last_token")
+	metaLiveKeys  = []byte("live_keys")
+)
+
+const (
+	flagLive  = 1
+	recHeader = 1 + 8 + 8
+)
+
+// ErrLocked is returned by Open when another process holds the file.
+var ErrLocked = errors.New("kv: data file is locked by another process")
+
+// Options tune Open. The zero value is usable.
+type Options struct {
+	// LockTimeout is how long Open waits for another process to release the
+	// file lock before it returns ErrLocked. Zero means 100ms.
+	LockTimeout time.Duration
+	// NoSync skips fsync on commit. It breaks durability (G6): for tests
+	// and benchmarks that say so, never for a server.
+	NoSync bool
+}
+
+// Store is an open fencekv data file.
+type Store struct {
+	db *bolt.DB
+}
+
+// Open opens or creates the data file at path. It fails with ErrLocked when
+// another process has it open, and with ErrSchema when the file was written
+// by another schema version.
+func Open(path string, opts Options) (*Store, error) {
+	timeout := opts.LockTimeout
+	if timeout <= 0 {
+		timeout = 100 * time.Millisecond
+	}
+	db, err := bolt.Open(path, 0o600, &bolt.Options{
+		Timeout:        timeout,
+		NoFreelistSync: true,
+		FreelistType:   bolt.FreelistMapType,
+		NoSync:         opts.NoSync,
+	})
+	if err != nil {
+		if errors.Is(err, berrors.ErrTimeout) {
+			return nil, fmt.Errorf("%w: %s", ErrLocked, path)
+		}
+		return nil, fmt.Errorf("kv: open %s: %w", path, err)
+	}
+	s := &Store{db: db}
+	if err := s.init(); err != nil {
+		db.Close()
+		return nil, err
+	}
+	return s, nil
+}
+
+func (s *Store) init() error {
+	return s.db.Update(func(tx *bolt.Tx) error {
+		meta := tx.Bucket(bucketMeta)
+		if meta == nil {
+			if tx.Bucket(bucketKeys) != nil {
+				return fmt.Errorf("%w: keys without a meta bucket", ErrSchema)
+			}
+			var err error
+			if meta, err = tx.CreateBucket(bucketMeta); err != nil {
+				return err
+			}
+			if err := meta.Put(metaSchema, u64(SchemaVersion)); err != nil {
+				return err
+			}
+		}
+		if v := meta.Get(metaSchema); len(v) != 8 || binary.BigEndian.Uint64(v) != SchemaVersion {
+			return fmt.Errorf("%w: file has %x, this build reads %d", ErrSchema, v, SchemaVersion)
+		}
+		for _, b := range [][]byte{bucketKeys, bucketLocks} {
+			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
+				return err
+			}
+		}
+		return nil
+	})
+}
+
+// Close closes the file. It is safe to call more than once.
+func (s *Store) Close() error {
+	if s.db == nil {
+		return nil
+	}
+	err := s.db.Close()
+	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
+		return nil
+	}
+	return err
+}
+
+// Path is the data file's path.
+func (s *Store) Path() string { return s.db.Path() }
+
+// Begin starts a transaction. Only one writable transaction exists at a
+// time; read-only ones run concurrently with it and see the state of the
+// last commit. A read-only Tx must be ended with Rollback.
+func (s *Store) Begin(writable bool) (*Tx, error) {
+	btx, err := s.db.Begin(writable)
+	if err != nil {
+		return nil, fmt.Errorf("kv: begin: %w", err)
+	}
+	t := &Tx{
+		tx:    btx,
+		meta:  btx.Bucket(bucketMeta),
+		keys:  btx.Bucket(bucketKeys),
+		locks: btx.Bucket(bucketLocks),
+	}
+	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
+	t.lastToken = Token(getU64(t.meta.Get(metaLastToken)))
+	t.live = getU64(t.meta.Get(metaLiveKeys))
+	return t, nil
+}
+
+// View runs fn in a read-only transaction.
+func (s *Store) View(fn func(*Tx) error) error {
+	t, err := s.Begin(false)
+	if err != nil {
+		return err
+	}
+	defer t.Rollback()
+	return fn(t)
+}
+
+// Update runs fn in a read-write transaction and commits it if fn returns
+// nil.
+func (s *Store) Update(fn func(*Tx) error) error {
+	t, err := s.Begin(true)
+	if err != nil {
+		return err
+	}
+	if err := fn(t); err != nil {
+		t.Rollback()
+		return err
+	}
+	return t.Commit()
+}
+
+// Tx is a transaction on the store. The counters (revision, last token,
+// live keys) are cached in the Tx and written back by Commit.
+type Tx struct {
+	tx                *bolt.Tx
+	meta, keys, locks *bolt.Bucket
+
+	rev       Revision
+	lastToken Token
+	live      uint64
+	dirty     bool // counters changed since Begin
+}
+
+// ID is the bbolt transaction id: a read-only Tx started after a writable
+// one committed has an ID at least that writable Tx's.
+func (t *Tx) ID() int { return t.tx.ID() }
+
+// Commit writes the counters back and commits durably (unless the store
+// was opened with NoSync).
+func (t *Tx) Commit() error {
+	if t.dirty {
+		if err := t.meta.Put(metaRevision, u64(uint64(t.rev))); err != nil {
+			t.tx.Rollback()
+			return err
+		}
+		if err := t.meta.Put(metaLastToken, u64(uint64(t.lastToken))); err != nil {
+			t.tx.Rollback()
+			return err
+		}
+		if err := t.meta.Put(metaLiveKeys, u64(t.live)); err != nil {
+			t.tx.Rollback()
+			return err
+		}
+	}
+	if err := t.tx.Commit(); err != nil {
+		return fmt.Errorf("kv: commit: %w", err)
+	}
+	return nil
+}
+
+// Rollback discards the transaction. It is safe after Commit.
+func (t *Tx) Rollback() {
+	_ = t.tx.Rollback()
+}
+
+// Revision is the store-wide revision: the number of accepted writes.
+func (t *Tx) Revision() Revision { return t.rev }
+
+// LastToken is the highest token ever issued.
+func (t *Tx) LastToken() Token { return t.lastToken }
+
+// Keys is the number of live (not deleted) keys.
+func (t *Tx) Keys() uint64 { return t.live }
+
+// NextToken issues the next token of the store-wide sequence (G1). The new
+// high-water mark is written by Commit, in the transaction that issues it.
+func (t *Tx) NextToken() Token {
+	t.lastToken++
+	t.dirty = true
+	return t.lastToken
+}
+
+// Entry is a key's state.
+type Entry struct {
+	Key      []byte
+	Value    []byte
+	Found    bool     // false for a key never written or deleted
+	Fence    Token    // highest token any accepted write to the key carried
+	Revision Revision // revision of the key's last change; 0 when not found
+}
+
+// Write is how a write is fenced.
+type Write struct {
+	Token  Token // 0: no token (accepted only while the key's fence is 0)
+	Strict bool  // accept only Token > fence (and Token must be set)
+}
+
+// Get returns the key's entry. The value is a copy. A deleted key is not
+// Found but still reports its Fence.
+func (t *Tx) Get(key []byte) Entry {
+	e, _ := t.get(key, true)
+	return e
+}
+
+// get decodes the key's record. It copies the value when copyValue is set;
+// otherwise the value aliases bbolt memory valid only until the next write.
+func (t *Tx) get(key []byte, copyValue bool) (Entry, bool) {
+	raw := t.keys.Get(key)
+	e := Entry{Key: key}
+	if len(raw) < recHeader {
+		return e, false
+	}
+	e.Fence = Token(binary.BigEndian.Uint64(raw[1:9]))
+	if raw[0]&flagLive != 0 {
+		e.Found = true
+		e.Revision = Revision(binary.BigEndian.Uint64(raw[9:17]))
+		e.Value = raw[recHeader:]
+		if copyValue {
+			e.Value = bytes.Clone(e.Value)
+			if e.Value == nil {
+				e.Value = []byte{}
+			}
+		}
+	}
+	return e, true
+}
+
+// check applies the fence rule (G2, G3) to a write on a key whose current
+// fence is fence.
+func check(fence Token, w Write) error {
+	if w.Strict {
+		if w.Token <= fence {
+			return &Error{Code: CodeStaleToken, Fence: fence,
+				Message: fmt.Sprintf("strict write needs a token above fence %d, got %d", fence, w.Token)}
+		}
+		return nil
+	}
+	if w.Token < fence {
+		return &Error{Code: CodeStaleToken, Fence: fence,
+			Message: fmt.Sprintf("token %d is below fence %d", w.Token, fence)}
+	}
+	return nil
+}
+
+// write stores a live or deleted record for key with the new fence and
+// advances the revision. It never fails a fence check: callers check first.
+func (t *Tx) write(key, value []byte, live bool, fence Token, wasLive bool) (Revision, error) {
+	rev := t.rev + 1
+	rec := make([]byte, recHeader+len(value))
+	if live {
+		rec[0] = flagLive
+	}
+	binary.BigEndian.PutUint64(rec[1:9], uint64(fence))
+	binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
+	copy(rec[recHeader:], value)
+	if err := t.keys.Put(key, rec); err != nil {
+		return 0, err
+	}
+	t.rev = rev
+	switch {
+	case live && !wasLive:
+		t.live++
+	case !live && wasLive:
+		t.live--
+	}
+	t.dirty = true
+	return rev, nil
+}
+
+func raise(fence Token, w Write) Token {
+	if w.Token > fence {
+		return w.Token
+	}
+	return fence
+}
+
+// Put writes value to key if the fence rule accepts w, and raises the fence
+// to w.Token.
+func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
+	cur, _ := t.get(key, false)
+	if err := check(cur.Fence, w); err != nil {
+		return cur, err
+	}
+	fence := raise(cur.Fence, w)
+	rev, err := t.write(key, value, true, fence, cur.Found)
+	if err != nil {
+		return cur, err
+	}
+	return Entry{Key: key, Value: value, Found: true, Fence: fence, Revision: rev}, nil
+}
+
+// Delete removes key if the fence rule accepts w. The fence survives. A
+// delete of a missing key that carries a token still raises the fence and
+// the revision; a tokenless delete of a missing key changes nothing.
+// deleted reports whether a live key was removed.
+func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
+	cur, _ := t.get(key, false)
+	if err := check(cur.Fence, w); err != nil {
+		return false, cur, err
+	}
+	fence := raise(cur.Fence, w)
+	if !cur.Found && w.Token == 0 {
+		return false, Entry{Key: key, Fence: fence}, nil
+	}
+	rev, err := t.write(key, nil, false, fence, cur.Found)
+	if err != nil {
+		return false, cur, err
+	}
+	return cur.Found, Entry{Key: key, Fence: fence, Revision: rev}, nil
+}
+
+// CAS writes value if the key's revision is rev (0: the key must be absent)
+// and the fence rule accepts w. The fence is checked before the revision.
+func (t *Tx) CAS(key []byte, rev Revision, value []byte, w Write) (Entry, error) {
+	cur, _ := t.get(key, false)
+	if err := check(cur.Fence, w); err != nil {
+		return cur, err
+	}
+	if cur.Revision != rev {
+		return cur, &Error{Code: CodeCompareFailed, Revision: cur.Revision,
+			Message: fmt.Sprintf("key is at revision %d, not %d", cur.Revision, rev)}
+	}
+	return t.Put(key, value, w)
+}
+
+// Incr adds delta to the signed 64-bit decimal integer stored at key (a
+// missing key counts as 0) if the fence rule accepts w.
+func (t *Tx) Incr(key []byte, delta int64, w Write) (int64, Entry, error) {
+	cur, _ := t.get(key, false)
+	if err := check(cur.Fence, w); err != nil {
+		return 0, cur, err
+	}
+	var n int64
+	if cur.Found {
+		var err error
+		n, err = strconv.ParseInt(string(cur.Value), 10, 64)
+		if err != nil {
+			return 0, cur, &Error{Code: CodeNotInteger, Message: fmt.Sprintf("value %.32q is not a signed 64-bit integer", cur.Value)}
+		}
+	}
+	sum := n + delta
+	if (delta > 0 && sum < n) || (delta < 0 && sum > n) {
+		return 0, cur, &Error{Code: CodeNotInteger, Message: fmt.Sprintf("%d + %d overflows a signed 64-bit integer", n, delta)}
+	}
+	e, err := t.Put(key, strconv.AppendInt(nil, sum, 10), w)
+	return sum, e, err
+}
+
+// Scan returns up to limit live keys in byte order that start with prefix
+// and are >= start, stopping early once the keys and values returned add up
+// to maxBytes (at least one item is returned). more reports whether further
+// keys match.
+func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, more bool) {
+	size := 0
+	c := t.keys.Cursor()
+	from := prefix
+	if bytes.Compare(start, prefix) > 0 {
+		from = start
+	}
+	for k, v := c.Seek(from); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		if len(v) < recHeader || v[0]&flagLive == 0 {
+			continue
+		}
+		if len(items) == limit || (len(items) > 0 && size+len(k)+len(v) > maxBytes) {
+			return items, true
+		}
+		size += len(k) + len(v)
+		items = append(items, Entry{
+			Key:      bytes.Clone(k),
+			Value:    append([]byte{}, v[recHeader:]...),
+			Found:    true,
+			Fence:    Token(binary.BigEndian.Uint64(v[1:9])),
+			Revision: Revision(binary.BigEndian.Uint64(v[9:17])),
+		})
+	}
+	return items, false
+}
+
+// Lock returns the stored lease record of a lock, or nil. The slice is a
+// copy.
+func (t *Tx) Lock(name []byte) []byte {
+	return bytes.Clone(t.locks.Get(name))
+}
+
+// PutLock stores a lock's lease record.
+func (t *Tx) PutLock(name, rec []byte) error {
+	return t.locks.Put(name, rec)
+}
+
+// DeleteLock removes a lock's lease record.
+func (t *Tx) DeleteLock(name []byte) error {
+	return t.locks.Delete(name)
+}
+
+// Locks calls fn for each lock record whose name starts with prefix and is
+// >= start, in byte order, until fn returns false. The slices are valid only
+// during the call.
+func (t *Tx) Locks(prefix, start []byte, fn func(name, rec []byte) bool) {
+	c := t.locks.Cursor()
+	from := prefix
+	if bytes.Compare(start, prefix) > 0 {
+		from = start
+	}
+	for k, v := c.Seek(from); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+		if !fn(k, v) {
+			return
+		}
+	}
+}
+
+// Size is the data file's size in bytes as of this transaction.
+func (t *Tx) Size() int64 { return t.tx.Size() }
+
+func u64(v uint64) []byte {
+	b := make([]byte, 8)
+	binary.BigEndian.PutUint64(b, v)
+	return b
+}
+
+func getU64(b []byte) uint64 {
+	if len(b) != 8 {
+		return 0
+	}
+	return binary.BigEndian.Uint64(b)
+}

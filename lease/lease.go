@@ -1,0 +1,518 @@
+// Package lease is fencekv's lease manager: lock grants, renewals, releases,
+// expiries and lock-delays, applied to lease records through the caller's
+// storage transaction; the deadline index that says which lease is due next;
+// and the FIFO queues of callers waiting to acquire.
+//
+// Time is passed in, never read: now is a point on the proposer's monotonic
+// clock, as an offset from an epoch the proposer chose. The same calls with
+// the same times leave the same records, so a replicated log can apply them.
+//
+// Threading: the Apply-side methods (Acquire, Renew, Release, Check, Expire,
+// Rearm, Pop) are called from one goroutine, the engine's commit loop. Next,
+// Due, Waiting, Enqueue, Cancel, Held and Wake may be called from any
+// goroutine.
+package lease
+
+import (
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencekv/fencekv/kv"
+)
+
+// Store is the view of a storage transaction that leases use. *kv.Tx
+// implements it.
+type Store interface {
+	NextToken() kv.Token
+	Lock(name []byte) []byte
+	PutLock(name, rec []byte) error
+	DeleteLock(name []byte) error
+	Locks(prefix, start []byte, fn func(name, rec []byte) bool)
+}
+
+var _ Store = (*kv.Tx)(nil)
+
+// Request asks for a lock.
+type Request struct {
+	Name      string
+	TTL       time.Duration
+	Holder    string
+	LockDelay time.Duration
+}
+
+// Grant is a granted lease.
+type Grant struct {
+	Token kv.Token
+	TTL   time.Duration
+}
+
+// Info describes a lock at one moment.
+type Info struct {
+	Name    string
+	Held    bool
+	Holder  string
+	Token   kv.Token      // the holder's token, or the latest grant's if not held
+	TTL     time.Duration // lease time left; 0 when not held
+	Delay   time.Duration // lock-delay left; 0 when none
+	Waiters int
+}
+
+// Manager keeps the in-memory side of leases: the deadline index and the
+// waiter queues. Records live in the store.
+type Manager struct {
+	mu      sync.Mutex // guards idx, waiters, nwait, held
+	idx     *index
+	waiters map[string]*queue
+	nwait   int
+	held    int // leases held as of the last applied command
+
+	wake chan struct{} // gets a value when the earliest due time changes
+}
+
+// NewManager returns a Manager with empty indexes. Call Rearm before use on
+// a store that may hold records.
+func NewManager() *Manager {
+	return &Manager{
+		idx:     newIndex(),
+		waiters: make(map[string]*queue),
+		wake:    make(chan struct{}, 1),
+	}
+}
+
+// Wake returns a channel that receives when the earliest due time moves
+// earlier (or the index was empty). The expiry loop selects on it.
+func (m *Manager) Wake() <-chan struct{} { return m.wake }
+
+// Next is the earliest time at which a lease or lock-delay is due.
+func (m *Manager) Next() (time.Duration, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.idx.next()
+}
+
+// Due returns up to max lock names with a lease or lock-delay due at now.
+func (m *Manager) Due(now time.Duration, max int) []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.idx.due(now, max)
+}
+
+// Held is the number of leases held (not expired, not released) as of the
+// last applied command. A lease whose deadline passed counts until its
+// expiry is applied.
+func (m *Manager) Held() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.held
+}
+
+func (m *Manager) setDue(name string, at time.Duration) {
+	m.mu.Lock()
+	changed := m.idx.set(name, at)
+	m.mu.Unlock()
+	if changed {
+		select {
+		case m.wake <- struct{}{}:
+		default:
+		}
+	}
+}
+
+func (m *Manager) unsetDue(name string) {
+	m.mu.Lock()
+	m.idx.remove(name)
+	m.mu.Unlock()
+}
+
+func (m *Manager) addHeld(n int) {
+	m.mu.Lock()
+	m.held += n
+	m.mu.Unlock()
+}
+
+func load(st Store, name string) (Record, bool, error) {
+	raw := st.Lock([]byte(name))
+	if raw == nil {
+		return Record{}, false, nil
+	}
+	r, err := unmarshal(raw)
+	if err != nil {
+		return Record{}, false, fmt.Errorf("lock %q: %w", name, err)
+	}
+	return r, true, nil
+}
+
+func store(st Store, name string, r *Record) error {
+	return st.PutLock([]byte(name), r.marshal())
+}
+
+// Acquire grants the lock if it is free at now: not held by a live lease
+// and not in lock-delay. The token is the next of the store-wide sequence.
+// A refusal is kv.CodeLockHeld with the holder, its token and the time
+// until the lock may be free, and changes nothing.
+func (m *Manager) Acquire(st Store, now time.Duration, req Request) (Grant, error) {
+	r, ok, err := load(st, req.Name)
+	if err != nil {
+		return Grant{}, err
+	}
+	wasHeld := ok && !r.Expired
+	if ok {
+		if r.held(now) {
+			return Grant{}, &kv.Error{Code: kv.CodeLockHeld, Holder: r.Holder, Token: r.Token, RetryAfter: r.Deadline - now,
+				Message: fmt.Sprintf("lock %q is held by token %d for %v more", req.Name, r.Token, (r.Deadline - now).Round(time.Millisecond))}
+		}
+		if end := r.delayEnd(); end > now {
+			return Grant{}, &kv.Error{Code: kv.CodeLockHeld, RetryAfter: end - now,
+				Message: fmt.Sprintf("lock %q is in lock-delay for %v more after token %d expired", req.Name, (end - now).Round(time.Millisecond), r.Token)}
+		}
+	}
+	nr := Record{
+		Token:     st.NextToken(),
+		Holder:    req.Holder,
+		TTL:       req.TTL,
+		LockDelay: req.LockDelay,
+		Deadline:  now + req.TTL,
+	}
+	if err := store(st, req.Name, &nr); err != nil {
+		return Grant{}, err
+	}
+	if !wasHeld {
+		m.addHeld(1)
+	}
+	m.setDue(req.Name, nr.Deadline)
+	return Grant{Token: nr.Token, TTL: nr.TTL}, nil
+}
+
+// check is the holder check shared by renew, release and held writes.
+func check(r Record, ok bool, name string, token kv.Token, now time.Duration) error {
+	switch {
+	case ok && r.Token == token && r.held(now):
+		return nil
+	case ok && r.Token == token:
+		return &kv.Error{Code: kv.CodeLeaseExpired, Token: token,
+			Message: fmt.Sprintf("the lease of token %d on lock %q has expired", token, name)}
+	case ok && r.held(now):
+		return &kv.Error{Code: kv.CodeNotHolder, Token: r.Token,
+			Message: fmt.Sprintf("lock %q is held by token %d, not %d", name, r.Token, token)}
+	default:
+		return &kv.Error{Code: kv.CodeNotHolder,
+			Message: fmt.Sprintf("lock %q is not held by token %d", name, token)}
+	}
+}
+
+// Check reports whether name is held by exactly token at now (G4): nil, or
+// kv.CodeNotHolder / kv.CodeLeaseExpired.
+func (m *Manager) Check(st Store, now time.Duration, name string, token kv.Token) error {
+	r, ok, err := load(st, name)
+	if err != nil {
+		return err
+	}
+	return check(r, ok, name, token, now)
+}
+
+// Renew gives the lease of token on name its full TTL again, from now. It is
+// idempotent: a retried renew only moves the deadline.
+func (m *Manager) Renew(st Store, now time.Duration, name string, token kv.Token) (time.Duration, error) {
+	r, ok, err := load(st, name)
+	if err != nil {
+		return 0, err
+	}
+	if err := check(r, ok, name, token, now); err != nil {
+		return 0, err
+	}
+	r.Deadline = now + r.TTL
+	if err := store(st, name, &r); err != nil {
+		return 0, err
+	}
+	m.setDue(name, r.Deadline)
+	return r.TTL, nil
+}
+
+// Release ends the lease of token on name. A clean release frees the lock
+// at once, with no lock-delay. It reports nil or kv.CodeNotHolder /
+// kv.CodeLeaseExpired, and on refusal changes nothing.
+func (m *Manager) Release(st Store, now time.Duration, name string, token kv.Token) error {
+	r, ok, err := load(st, name)
+	if err != nil {
+		return err
+	}
+	if err := check(r, ok, name, token, now); err != nil {
+		return err
+	}
+	if err := st.DeleteLock([]byte(name)); err != nil {
+		return err
+	}
+	m.addHeld(-1)
+	m.unsetDue(name)
+	return nil
+}
+
+// Expire applies what is due on name at now: a lease past its deadline
+// expires (entering lock-delay if it asked for one), and a lock-delay that
+// has passed ends. It reports whether the lock became acquirable, so the
+// caller can hand it to a waiter. An expired lease's record is kept, so its
+// holder is told lease_expired rather than not_holder.
+func (m *Manager) Expire(st Store, now time.Duration, name string) (freed bool, err error) {
+	r, ok, err := load(st, name)
+	if err != nil || !ok {
+		m.unsetDue(name)
+		return false, err
+	}
+	switch {
+	case !r.Expired && now < r.Deadline:
+		m.setDue(name, r.Deadline) // renewed since it was indexed
+		return false, nil
+	case !r.Expired:
+		r.DelayUntil = r.delayEnd()
+		r.Expired = true
+		m.addHeld(-1)
+	case r.DelayUntil == 0:
+		m.unsetDue(name)
+		return false, nil
+	case now < r.DelayUntil:
+		m.setDue(name, r.DelayUntil)
+		return false, nil
+	}
+	if r.DelayUntil != 0 && now >= r.DelayUntil {
+		r.DelayUntil = 0
+	}
+	if err := store(st, name, &r); err != nil {
+		return false, err
+	}
+	if r.DelayUntil != 0 {
+		m.setDue(name, r.DelayUntil)
+		return false, nil
+	}
+	m.unsetDue(name)
+	return true, nil
+}
+
+// Rearm gives every live lease its full TTL from now, and every lock in
+// lock-delay its full delay from now (G7: a failure may extend a lease,
+// never shorten it). It rebuilds the deadline index and the held count. It
+// is applied once when a store is opened, and when a node becomes leader.
+func (m *Manager) Rearm(st Store, now time.Duration) error {
+	type change struct {
+		name string
+		rec  Record
+	}
+	var changes []change
+	var bad error
+	st.Locks(nil, nil, func(name, raw []byte) bool {
+		r, err := unmarshal(raw)
+		if err != nil {
+			bad = fmt.Errorf("lock %q: %w", name, err)
+			return false
+		}
+		switch {
+		case !r.Expired:
+			r.Deadline = now + r.TTL
+		case r.DelayUntil != 0:
+			r.DelayUntil = now + r.LockDelay
+		default:
+			return true
+		}
+		changes = append(changes, change{string(name), r})
+		return true
+	})
+	if bad != nil {
+		return bad
+	}
+	m.mu.Lock()
+	m.idx = newIndex()
+	m.held = 0
+	m.mu.Unlock()
+	for _, c := range changes {
+		if err := store(st, c.name, &c.rec); err != nil {
+			return err
+		}
+		if c.rec.Expired {
+			m.setDue(c.name, c.rec.DelayUntil)
+		} else {
+			m.addHeld(1)
+			m.setDue(c.name, c.rec.Deadline)
+		}
+	}
+	return nil
+}
+
+// Info describes the lock name at now. It reads only, so it may run in a
+// read-only transaction concurrently with the commit loop.
+func (m *Manager) Info(st Store, now time.Duration, name string) (Info, error) {
+	r, ok, err := load(st, name)
+	if err != nil {
+		return Info{}, err
+	}
+	return m.info(name, r, ok, now), nil
+}
+
+func (m *Manager) info(name string, r Record, ok bool, now time.Duration) Info {
+	in := Info{Name: name, Waiters: m.Waiting(name)}
+	if !ok {
+		return in
+	}
+	in.Token = r.Token
+	if r.held(now) {
+		in.Held = true
+		in.Holder = r.Holder
+		in.TTL = r.Deadline - now
+		return in
+	}
+	if end := r.delayEnd(); end > now {
+		in.Delay = end - now
+	}
+	return in
+}
+
+// List describes up to limit locks held at now whose names start with
+// prefix, in byte order of their names, starting at start.
+func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit int) (out []Info, more bool, err error) {
+	st.Locks([]byte(prefix), []byte(start), func(name, raw []byte) bool {
+		r, e := unmarshal(raw)
+		if e != nil {
+			err = fmt.Errorf("lock %q: %w", name, e)
+			return false
+		}
+		if !r.held(now) {
+			return true
+		}
+		if len(out) == limit {
+			more = true
+			return false
+		}
+		out = append(out, m.info(string(name), r, true, now))
+		return true
+	})
+	return out, more, err
+}
+
+// Waiter is a caller queued for a lock. Its outcome is set by the commit
+// loop after the grant is durable; Done is closed then.
+type Waiter struct {
+	Req   Request
+	Grant Grant
+	Err   error
+
+	state atomic.Int32 // waiting -> popped | cancelled
+	done  chan struct{}
+}
+
+const (
+	waiting int32 = iota
+	popped
+	cancelled
+)
+
+// NewWaiter returns a Waiter for req.
+func NewWaiter(req Request) *Waiter {
+	return &Waiter{Req: req, done: make(chan struct{})}
+}
+
+// Done is closed when the waiter's outcome is set.
+func (w *Waiter) Done() <-chan struct{} { return w.done }
+
+// Finish sets the outcome and closes Done. Called once, by the commit loop.
+func (w *Waiter) Finish(g Grant, err error) {
+	w.Grant, w.Err = g, err
+	close(w.done)
+}
+
+type queue struct{ ws []*Waiter }
+
+// ErrTooManyWaiters is returned by Enqueue when max waiters are queued.
+var ErrTooManyWaiters = &kv.Error{Code: kv.CodeLimitExceeded, Message: "too many waiters"}
+
+// Enqueue puts w at the tail of its lock's queue unless max waiters (0:
+// unlimited) are already queued store-wide.
+func (m *Manager) Enqueue(w *Waiter, max int) error {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if max > 0 && m.nwait >= max {
+		return ErrTooManyWaiters
+	}
+	q := m.waiters[w.Req.Name]
+	if q == nil {
+		q = &queue{}
+		m.waiters[w.Req.Name] = q
+	}
+	q.ws = append(q.ws, w)
+	m.nwait++
+	return nil
+}
+
+// Pop removes and returns the first waiter of name that has not given up,
+// or nil. A popped waiter can no longer cancel: it will get an outcome.
+func (m *Manager) Pop(name string) *Waiter {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	q := m.waiters[name]
+	for q != nil && len(q.ws) > 0 {
+		w := q.ws[0]
+		q.ws[0] = nil
+		q.ws = q.ws[1:]
+		m.nwait--
+		if w.state.CompareAndSwap(waiting, popped) {
+			m.dropIfEmpty(name, q)
+			return w
+		}
+	}
+	m.dropIfEmpty(name, q)
+	return nil
+}
+
+func (m *Manager) dropIfEmpty(name string, q *queue) {
+	if q != nil && len(q.ws) == 0 {
+		delete(m.waiters, name)
+	}
+}
+
+// Cancel takes w out of its queue. It returns false if w was already popped:
+// then an outcome is coming on Done, and the caller must wait for it.
+func (m *Manager) Cancel(w *Waiter) bool {
+	if !w.state.CompareAndSwap(waiting, cancelled) {
+		return false
+	}
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if q := m.waiters[w.Req.Name]; q != nil {
+		for i, x := range q.ws {
+			if x == w {
+				q.ws = append(q.ws[:i], q.ws[i+1:]...)
+				m.nwait--
+				break
+			}
+		}
+		m.dropIfEmpty(w.Req.Name, q)
+	}
+	return true
+}
+
+// Waiting is the number of callers queued for name.
+func (m *Manager) Waiting(name string) int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if q := m.waiters[name]; q != nil {
+		return len(q.ws)
+	}
+	return 0
+}
+
+// TotalWaiting is the number of callers queued for all locks.
+func (m *Manager) TotalWaiting() int {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	return m.nwait
+}
+
+// QueuedLocks returns the names of the locks that have waiters.
+func (m *Manager) QueuedLocks() []string {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	names := make([]string, 0, len(m.waiters))
+	for name := range m.waiters {
+		names = append(names, name)
+	}
+	return names
+}
