@@ -2,6 +2,12 @@ module github.com/fencekv/fencekv
 
 go 1.26
 
-require go.etcd.io/bbolt v1.5.0
+require (
+	github.com/vmihailenco/msgpack/v5 v5.4.1
+	go.etcd.io/bbolt v1.5.0
+)
 
-require golang.org/x/sys v0.45.0 // indirect
+require (
+	github.com/vmihailenco/tagparser/v2 v2.0.0 // indirect
+	golang.org/x/sys v0.45.0 // indirect
+)

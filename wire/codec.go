@@ -1,0 +1,338 @@
+package wire
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"math"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// Message types of MessagePack-RPC.
+const (
+	typeRequest      = 0
+	typeResponse     = 1
+	typeNotification = 2
+)
+
+// message is a parsed request or notification. params is the raw msgpack
+// of the single params map, or nil when the params array was empty.
+type message struct {
+	typ    int
+	msgid  uint32
+	method string
+	params []byte
+}
+
+// errNoID is returned by parseMessage when the message is so malformed
+// that no msgid could be read: the connection cannot be answered.
+var errNoID = errors.New("malformed message: no msgid")
+
+// parseMessage parses a frame. A non-nil error with hasID set can be
+// answered with an error response to m.msgid; without it, the connection
+// should be closed.
+func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, err error) {
+	dec.Reset(bytes.NewReader(frame))
+	n, err := dec.DecodeArrayLen()
+	if err != nil || (n != 4 && n != 3) {
+		return m, false, fmt.Errorf("%w: want an array of 3 or 4, got %d (%v)", errNoID, n, err)
+	}
+	typ, err := decodeInt(dec)
+	if err != nil {
+		return m, false, fmt.Errorf("%w: type: %v", errNoID, err)
+	}
+	m.typ = int(typ)
+	switch {
+	case typ == typeRequest && n == 4:
+		id, err := decodeUint(dec)
+		if err != nil || id > math.MaxUint32 {
+			return m, false, fmt.Errorf("%w: msgid: %v", errNoID, err)
+		}
+		m.msgid = uint32(id)
+		hasID = true
+	case typ == typeNotification && n == 3:
+	default:
+		return m, false, fmt.Errorf("%w: message type %d with %d elements", errNoID, typ, n)
+	}
+	if m.method, err = dec.DecodeString(); err != nil {
+		return m, hasID, badRequest("method must be a string")
+	}
+	np, err := dec.DecodeArrayLen()
+	if err != nil {
+		return m, hasID, badRequest("params must be an array")
+	}
+	switch np {
+	case -1, 0:
+		return m, hasID, nil
+	case 1:
+		raw, err := dec.DecodeRaw()
+		if err != nil {
+			return m, hasID, badRequest("params: %v", err)
+		}
+		if len(raw) > 0 && raw[0] != msgpcode.Nil {
+			m.params = raw
+		}
+		return m, hasID, nil
+	}
+	return m, hasID, badRequest("params must be an array holding one map, got %d elements", np)
+}
+
+func badRequest(format string, args ...any) *fencekv.Error {
+	return &fencekv.Error{Code: fencekv.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
+}
+
+// args are the named arguments of every method. has records which were
+// given (and not nil).
+type args struct {
+	key, value, prefix, start []byte
+	lock, holder              string
+	token, revision           uint64
+	delta, limit              int64
+	ttlMs, waitMs, delayMs    int64
+	strict                    bool
+	has                       map[string]bool
+}
+
+// parseArgs decodes the params map. Unknown fields are ignored, so newer
+// clients can talk to older servers; a field of the wrong type is
+// bad_request.
+func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
+	if raw == nil {
+		return nil
+	}
+	dec.Reset(bytes.NewReader(raw))
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return badRequest("params must be an array holding one map")
+	}
+	for i := 0; i < n; i++ {
+		name, err := dec.DecodeString()
+		if err != nil {
+			return badRequest("param names must be strings")
+		}
+		if c, _ := dec.PeekCode(); c == msgpcode.Nil {
+			dec.Skip()
+			continue
+		}
+		if a.has == nil {
+			a.has = make(map[string]bool, n)
+		}
+		a.has[name] = true
+		switch name {
+		case "key":
+			a.key, err = decodeBytes(dec)
+		case "value":
+			a.value, err = decodeBytes(dec)
+		case "prefix":
+			a.prefix, err = decodeBytes(dec)
+		case "start":
+			a.start, err = decodeBytes(dec)
+		case "lock":
+			var b []byte
+			b, err = decodeBytes(dec)
+			a.lock = string(b)
+		case "holder":
+			var b []byte
+			b, err = decodeBytes(dec)
+			a.holder = string(b)
+		case "token":
+			a.token, err = decodeUint(dec)
+		case "revision":
+			a.revision, err = decodeUint(dec)
+		case "delta":
+			a.delta, err = decodeInt(dec)
+		case "limit":
+			a.limit, err = decodeInt(dec)
+		case "ttl_ms":
+			a.ttlMs, err = decodeInt(dec)
+		case "wait_ms":
+			a.waitMs, err = decodeInt(dec)
+		case "lock_delay_ms":
+			a.delayMs, err = decodeInt(dec)
+		case "strict":
+			a.strict, err = dec.DecodeBool()
+			if err != nil {
+				err = errors.New("want a boolean")
+			}
+		default:
+			delete(a.has, name)
+			err = dec.Skip()
+		}
+		if err != nil {
+			return badRequest("param %q: %v", name, err)
+		}
+	}
+	return nil
+}
+
+func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return nil, errors.New("want str or bin")
+	}
+	b, err := dec.DecodeBytes()
+	if b == nil && err == nil {
+		b = []byte{}
+	}
+	return b, err
+}
+
+func isUintCode(c byte) bool {
+	return msgpcode.IsFixedNum(c) && c <= msgpcode.PosFixedNumHigh ||
+		c == msgpcode.Uint8 || c == msgpcode.Uint16 || c == msgpcode.Uint32 || c == msgpcode.Uint64
+}
+
+func isIntCode(c byte) bool {
+	return msgpcode.IsFixedNum(c) || c == msgpcode.Int8 || c == msgpcode.Int16 || c == msgpcode.Int32 || c == msgpcode.Int64 ||
+		c == msgpcode.Uint8 || c == msgpcode.Uint16 || c == msgpcode.Uint32 || c == msgpcode.Uint64
+}
+
+// decodeUint decodes a non-negative integer of any msgpack width.
+func decodeUint(dec *msgpack.Decoder) (uint64, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if isUintCode(c) {
+		return dec.DecodeUint64()
+	}
+	if isIntCode(c) {
+		v, err := dec.DecodeInt64()
+		if err == nil && v < 0 {
+			return 0, errors.New("want a non-negative integer")
+		}
+		return uint64(v), err
+	}
+	return 0, errors.New("want an integer")
+}
+
+// decodeInt decodes a signed 64-bit integer of any msgpack width.
+func decodeInt(dec *msgpack.Decoder) (int64, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return 0, err
+	}
+	if !isIntCode(c) {
+		return 0, errors.New("want an integer")
+	}
+	if c == msgpcode.Uint64 {
+		v, err := dec.DecodeUint64()
+		if err == nil && v > math.MaxInt64 {
+			return 0, errors.New("integer out of range")
+		}
+		return int64(v), err
+	}
+	return dec.DecodeInt64()
+}
+
+func ms(n int64) time.Duration {
+	if n > math.MaxInt64/int64(time.Millisecond) {
+		return math.MaxInt64
+	}
+	if n < math.MinInt64/int64(time.Millisecond) {
+		return math.MinInt64
+	}
+	return time.Duration(n) * time.Millisecond
+}
+
+// toMs rounds a remaining duration up to whole milliseconds, so that a
+// live lease never reports 0.
+func toMs(d time.Duration) int64 {
+	if d <= 0 {
+		return 0
+	}
+	return int64((d + time.Millisecond - 1) / time.Millisecond)
+}
+
+// encoder writes msgpack maps of results and errors.
+type encoder struct {
+	*msgpack.Encoder
+	buf bytes.Buffer
+}
+
+func newEncoder() *encoder {
+	e := &encoder{}
+	e.Encoder = msgpack.NewEncoder(&e.buf)
+	return e
+}
+
+// The field writers ignore the encoder's errors: writing to a bytes.Buffer
+// cannot fail.
+func (e *encoder) str(k, v string) {
+	e.EncodeString(k)
+	e.EncodeString(v)
+}
+func (e *encoder) bin(k string, v []byte) {
+	e.EncodeString(k)
+	e.EncodeBytes(v)
+}
+func (e *encoder) uint(k string, v uint64) {
+	e.EncodeString(k)
+	e.EncodeUint(v)
+}
+func (e *encoder) int(k string, v int64) {
+	e.EncodeString(k)
+	e.EncodeInt(v)
+}
+func (e *encoder) bool(k string, v bool) {
+	e.EncodeString(k)
+	e.EncodeBool(v)
+}
+
+// response starts a response: [1, msgid, error, result].
+func (e *encoder) response(msgid uint32) {
+	e.buf.Reset()
+	e.EncodeArrayLen(4)
+	e.EncodeUint(typeResponse)
+	e.EncodeUint(uint64(msgid))
+}
+
+// errorMap writes a refusal as {"code", "message", facts...}; each code
+// carries the facts listed in PROTOCOL.md.
+func (e *encoder) errorMap(err *fencekv.Error) {
+	msg := err.Message
+	if msg == "" {
+		msg = string(err.Code)
+	}
+	n := 2
+	switch err.Code {
+	case fencekv.CodeStaleToken, fencekv.CodeNotHolder, fencekv.CodeLeaseExpired,
+		fencekv.CodeCompareFailed, fencekv.CodeNotLeader:
+		n = 3
+	case fencekv.CodeLockHeld:
+		n = 5
+	}
+	e.EncodeMapLen(n)
+	e.str("code", string(err.Code))
+	e.str("message", msg)
+	switch err.Code {
+	case fencekv.CodeStaleToken:
+		e.uint("fence", uint64(err.Fence))
+	case fencekv.CodeNotHolder, fencekv.CodeLeaseExpired:
+		e.uint("token", uint64(err.Token))
+	case fencekv.CodeLockHeld:
+		e.str("holder", err.Holder)
+		e.uint("token", uint64(err.Token))
+		e.int("retry_ms", toMs(err.RetryAfter))
+	case fencekv.CodeCompareFailed:
+		e.uint("revision", uint64(err.Revision))
+	case fencekv.CodeNotLeader:
+		e.str("leader", err.Leader)
+	}
+}
+
+// asError turns any error into a refusal to put on the wire.
+func asError(err error) *fencekv.Error {
+	var fe *fencekv.Error
+	if errors.As(err, &fe) {
+		return fe
+	}
+	return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: err.Error()}
+}

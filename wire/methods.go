@@ -1,0 +1,258 @@
+package wire
+
+import (
+	"context"
+
+	"github.com/fencekv/fencekv"
+)
+
+// A method reads its arguments and, on success, writes its result map to e
+// (the response's error slot is already nil). On a refusal it returns the
+// error and writes nothing.
+type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
+
+// methods is the protocol: one entry per method of PROTOCOL.md.
+var methods = map[string]method{
+	"ping":      ping,
+	"get":       get,
+	"put":       put,
+	"delete":    del,
+	"cas":       cas,
+	"incr":      incr,
+	"scan":      scan,
+	"acquire":   acquire,
+	"renew":     renew,
+	"release":   release,
+	"lock_info": lockInfo,
+	"locks":     locks,
+	"status":    status,
+}
+
+func need(a *args, names ...string) error {
+	for _, n := range names {
+		if !a.has[n] {
+			return badRequest("missing param %q", n)
+		}
+	}
+	return nil
+}
+
+func (a *args) write() fencekv.WriteOptions {
+	return fencekv.WriteOptions{Token: fencekv.Token(a.token), Strict: a.strict, Lock: a.lock}
+}
+
+func (e *encoder) written(r fencekv.WriteResult, extra int) {
+	e.EncodeMapLen(2 + extra)
+	e.uint("fence", uint64(r.Fence))
+	e.uint("revision", uint64(r.Revision))
+}
+
+func ping(_ context.Context, _ Engine, _ *args, e *encoder) error {
+	e.EncodeMapLen(1)
+	e.str("version", fencekv.Version)
+	return nil
+}
+
+func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "key"); err != nil {
+		return err
+	}
+	en, err := eng.Get(ctx, a.key)
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(4)
+	e.bool("found", en.Found)
+	e.EncodeString("value")
+	if en.Found {
+		e.EncodeBytes(en.Value)
+	} else {
+		e.EncodeNil()
+	}
+	e.uint("fence", uint64(en.Fence))
+	e.uint("revision", uint64(en.Revision))
+	return nil
+}
+
+func put(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "key", "value"); err != nil {
+		return err
+	}
+	r, err := eng.Put(ctx, a.key, a.value, a.write())
+	if err != nil {
+		return err
+	}
+	e.written(r, 0)
+	return nil
+}
+
+func del(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "key"); err != nil {
+		return err
+	}
+	deleted, r, err := eng.Delete(ctx, a.key, a.write())
+	if err != nil {
+		return err
+	}
+	e.written(r, 1)
+	e.bool("deleted", deleted)
+	return nil
+}
+
+func cas(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "key", "revision", "value"); err != nil {
+		return err
+	}
+	r, err := eng.CAS(ctx, a.key, fencekv.Revision(a.revision), a.value, a.write())
+	if err != nil {
+		return err
+	}
+	e.written(r, 0)
+	return nil
+}
+
+func incr(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "key", "delta"); err != nil {
+		return err
+	}
+	n, r, err := eng.Incr(ctx, a.key, a.delta, a.write())
+	if err != nil {
+		return err
+	}
+	e.written(r, 1)
+	e.int("value", n)
+	return nil
+}
+
+func scan(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	items, more, err := eng.Scan(ctx, fencekv.ScanOptions{Prefix: a.prefix, Start: a.start, Limit: int(clampInt(a.limit))})
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(2)
+	e.EncodeString("items")
+	e.EncodeArrayLen(len(items))
+	for _, it := range items {
+		e.EncodeMapLen(4)
+		e.bin("key", it.Key)
+		e.bin("value", it.Value)
+		e.uint("fence", uint64(it.Fence))
+		e.uint("revision", uint64(it.Revision))
+	}
+	e.bool("more", more)
+	return nil
+}
+
+// clampInt keeps a limit inside int range; the engine refuses what is over
+// its own maximum.
+func clampInt(n int64) int64 {
+	const maxInt = int64(^uint(0) >> 1)
+	if n > maxInt {
+		return maxInt
+	}
+	return n
+}
+
+func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "lock", "ttl_ms"); err != nil {
+		return err
+	}
+	l, err := eng.Acquire(ctx, a.lock, ms(a.ttlMs), &fencekv.AcquireOptions{
+		Holder:    a.holder,
+		Wait:      ms(a.waitMs),
+		LockDelay: ms(a.delayMs),
+	})
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(2)
+	e.uint("token", uint64(l.Token))
+	e.int("ttl_ms", toMs(l.TTL))
+	return nil
+}
+
+func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "lock", "token"); err != nil {
+		return err
+	}
+	ttl, err := eng.Renew(ctx, a.lock, fencekv.Token(a.token))
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(1)
+	e.int("ttl_ms", toMs(ttl))
+	return nil
+}
+
+func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "lock", "token"); err != nil {
+		return err
+	}
+	if err := eng.Release(ctx, a.lock, fencekv.Token(a.token)); err != nil {
+		return err
+	}
+	e.EncodeMapLen(0)
+	return nil
+}
+
+func lockInfo(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	if err := need(a, "lock"); err != nil {
+		return err
+	}
+	in, err := eng.LockInfo(ctx, a.lock)
+	if err != nil {
+		return err
+	}
+	e.lockMap(in, false)
+	return nil
+}
+
+func (e *encoder) lockMap(in fencekv.LockInfo, withName bool) {
+	n := 6
+	if withName {
+		n++
+		e.EncodeMapLen(n)
+		e.bin("lock", []byte(in.Name))
+	} else {
+		e.EncodeMapLen(n)
+	}
+	e.bool("held", in.Held)
+	e.str("holder", in.Holder)
+	e.uint("token", uint64(in.Token))
+	e.int("ttl_ms", toMs(in.TTL))
+	e.int("waiters", int64(in.Waiters))
+	e.int("lock_delay_ms", toMs(in.Delay))
+}
+
+func locks(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	ls, more, err := eng.Locks(ctx, string(a.prefix), string(a.start), int(clampInt(a.limit)))
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(2)
+	e.EncodeString("locks")
+	e.EncodeArrayLen(len(ls))
+	for _, in := range ls {
+		e.lockMap(in, true)
+	}
+	e.bool("more", more)
+	return nil
+}
+
+func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
+	st, err := eng.Status(ctx)
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(9)
+	e.str("version", st.Version)
+	e.uint("last_token", uint64(st.LastToken))
+	e.uint("revision", uint64(st.Revision))
+	e.uint("keys", st.Keys)
+	e.int("locks", int64(st.Locks))
+	e.int("waiters", int64(st.Waiters))
+	e.uint("commits", st.Commits)
+	e.uint("commands", st.Commands)
+	e.int("data_size", st.DataSize)
+	return nil
+}

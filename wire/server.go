@@ -1,0 +1,436 @@
+package wire
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"runtime/debug"
+	"sync"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// Engine is what the server serves: a *fencekv.DB, or anything with the
+// same methods (a cluster node). Every method is called concurrently from
+// many goroutines.
+type Engine interface {
+	Get(ctx context.Context, key []byte) (fencekv.Entry, error)
+	Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error)
+	Delete(ctx context.Context, key []byte, w fencekv.WriteOptions) (bool, fencekv.WriteResult, error)
+	CAS(ctx context.Context, key []byte, rev fencekv.Revision, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error)
+	Incr(ctx context.Context, key []byte, delta int64, w fencekv.WriteOptions) (int64, fencekv.WriteResult, error)
+	Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Entry, bool, error)
+	Acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, error)
+	Renew(ctx context.Context, name string, token fencekv.Token) (time.Duration, error)
+	Release(ctx context.Context, name string, token fencekv.Token) error
+	LockInfo(ctx context.Context, name string) (fencekv.LockInfo, error)
+	Locks(ctx context.Context, prefix, start string, limit int) ([]fencekv.LockInfo, bool, error)
+	Status(ctx context.Context) (fencekv.Status, error)
+}
+
+var _ Engine = (*fencekv.DB)(nil)
+
+// Config holds the server's limits. Start from DefaultConfig.
+type Config struct {
+	// MaxMessageSize is the largest message accepted, in bytes. A bigger
+	// one is answered with too_large (when its msgid can be read) and the
+	// connection is closed.
+	MaxMessageSize int
+	// MaxConns is the most connections served at once; more are sent an
+	// error notification and closed.
+	MaxConns int
+	// MaxInFlight is the most requests one connection may have pending
+	// (including blocked acquires); more are refused with limit_exceeded.
+	MaxInFlight int
+	// WriteTimeout drops a connection whose peer does not read its
+	// responses for this long.
+	WriteTimeout time.Duration
+	// Logger receives connection errors and recovered panics; nil discards.
+	Logger *slog.Logger
+}
+
+// DefaultConfig returns the documented default limits.
+func DefaultConfig() Config {
+	return Config{
+		MaxMessageSize: 4 << 20,
+		MaxConns:       10_000,
+		MaxInFlight:    1024,
+		WriteTimeout:   30 * time.Second,
+	}
+}
+
+// ErrServerClosed is returned by Serve after Shutdown or Close.
+var ErrServerClosed = errors.New("wire: server closed")
+
+// Server serves the MessagePack-RPC protocol over TCP.
+type Server struct {
+	eng Engine
+	cfg Config
+	log *slog.Logger
+
+	// base is cancelled when shutdown starts: it ends blocked acquires.
+	base   context.Context
+	cancel context.CancelFunc
+
+	mu        sync.Mutex // guards listeners, conns, closing
+	listeners map[net.Listener]struct{}
+	conns     map[*conn]struct{}
+	closing   bool
+
+	connWG sync.WaitGroup // one per connection
+}
+
+// NewServer returns a server for eng.
+func NewServer(eng Engine, cfg Config) (*Server, error) {
+	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.WriteTimeout <= 0 {
+		return nil, errors.New("wire: limits must be positive")
+	}
+	s := &Server{
+		eng:       eng,
+		cfg:       cfg,
+		log:       cfg.Logger,
+		listeners: make(map[net.Listener]struct{}),
+		conns:     make(map[*conn]struct{}),
+	}
+	if s.log == nil {
+		s.log = slog.New(slog.DiscardHandler)
+	}
+	s.base, s.cancel = context.WithCancel(context.Background())
+	return s, nil
+}
+
+// Serve accepts connections on ln until Shutdown. It returns
+// ErrServerClosed after Shutdown, or the listener's error.
+func (s *Server) Serve(ln net.Listener) error {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		ln.Close()
+		return ErrServerClosed
+	}
+	s.listeners[ln] = struct{}{}
+	s.mu.Unlock()
+	defer func() {
+		s.mu.Lock()
+		delete(s.listeners, ln)
+		s.mu.Unlock()
+	}()
+	var backoff time.Duration
+	for {
+		nc, err := ln.Accept()
+		if err != nil {
+			s.mu.Lock()
+			closing := s.closing
+			s.mu.Unlock()
+			if closing {
+				return ErrServerClosed
+			}
+			if errors.Is(err, net.ErrClosed) {
+				return err
+			}
+			// Out of file descriptors and the like: back off, keep serving.
+			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
+			s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+			time.Sleep(backoff)
+			continue
+		}
+		backoff = 0
+		s.accept(nc)
+	}
+}
+
+func (s *Server) accept(nc net.Conn) {
+	s.mu.Lock()
+	if s.closing {
+		s.mu.Unlock()
+		nc.Close()
+		return
+	}
+	if len(s.conns) >= s.cfg.MaxConns {
+		s.mu.Unlock()
+		s.refuse(nc, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
+		return
+	}
+	c := newConn(s, nc)
+	s.conns[c] = struct{}{}
+	s.connWG.Add(1)
+	s.mu.Unlock()
+	go c.serve()
+}
+
+// refuse tells a connection over the limit why it is closed, with a
+// notification ["error", [{code, message}]], then closes it.
+func (s *Server) refuse(nc net.Conn, msg string) {
+	e := newEncoder()
+	e.EncodeArrayLen(3)
+	e.EncodeUint(typeNotification)
+	e.EncodeString("error")
+	e.EncodeArrayLen(1)
+	e.errorMap(&fencekv.Error{Code: fencekv.CodeLimitExceeded, Message: msg})
+	nc.SetWriteDeadline(time.Now().Add(time.Second))
+	nc.Write(e.buf.Bytes())
+	nc.Close()
+}
+
+// Shutdown stops accepting, stops reading new requests, ends blocked
+// acquires (they are answered unavailable), and waits for in-flight requests
+// to be answered. If ctx ends first, it closes the remaining connections and
+// returns ctx's error. It does not close the engine.
+func (s *Server) Shutdown(ctx context.Context) error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.stopReading()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	done := make(chan struct{})
+	go func() {
+		s.connWG.Wait()
+		close(done)
+	}()
+	select {
+	case <-done:
+		return nil
+	case <-ctx.Done():
+		s.Close()
+		<-done
+		return ctx.Err()
+	}
+}
+
+// Close closes the listeners and every connection at once. In-flight
+// requests still run to completion in the engine; their answers are lost.
+func (s *Server) Close() error {
+	s.mu.Lock()
+	s.closing = true
+	for ln := range s.listeners {
+		ln.Close()
+	}
+	for c := range s.conns {
+		c.nc.Close()
+	}
+	s.mu.Unlock()
+	s.cancel()
+	return nil
+}
+
+// Conns is the number of open connections.
+func (s *Server) Conns() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.conns)
+}
+
+func (s *Server) forget(c *conn) {
+	s.mu.Lock()
+	delete(s.conns, c)
+	s.mu.Unlock()
+	s.connWG.Done()
+}
+
+// conn is one client connection: a read loop that parses frames and starts
+// a handler goroutine per request, and a write loop that sends the
+// responses, flushing once no more are ready.
+type conn struct {
+	s      *Server
+	nc     net.Conn
+	ctx    context.Context // cancelled when the connection closes: drops its queued acquires
+	cancel context.CancelFunc
+
+	slots    chan struct{} // one per in-flight request
+	out      chan *encoder // finished responses, to the write loop
+	handlers sync.WaitGroup
+}
+
+func newConn(s *Server, nc net.Conn) *conn {
+	c := &conn{
+		s:     s,
+		nc:    nc,
+		slots: make(chan struct{}, s.cfg.MaxInFlight),
+		out:   make(chan *encoder, s.cfg.MaxInFlight+1),
+	}
+	c.ctx, c.cancel = context.WithCancel(s.base)
+	return c
+}
+
+// stopReading makes the read loop end at its next read. Called with s.mu held.
+func (c *conn) stopReading() { c.nc.SetReadDeadline(time.Now()) }
+
+var encoderPool = sync.Pool{New: func() any { return newEncoder() }}
+
+func (c *conn) serve() {
+	defer c.s.forget(c)
+	writerDone := make(chan struct{})
+	go c.writeLoop(writerDone)
+	c.readLoop()
+	// No more requests: wait for the handlers, then let the writer drain.
+	c.handlers.Wait()
+	close(c.out)
+	<-writerDone
+	c.cancel()
+	c.nc.Close()
+}
+
+func (c *conn) readLoop() {
+	fr := newFrameReader(c.nc, c.s.cfg.MaxMessageSize)
+	dec := msgpack.NewDecoder(nil)
+	for {
+		frame, err := fr.next()
+		if err != nil {
+			c.frameError(dec, frame, err)
+			return
+		}
+		m, hasID, err := parseMessage(dec, frame)
+		if err != nil {
+			if !hasID {
+				c.s.log.Debug("closing connection after malformed message", "remote", c.nc.RemoteAddr(), "err", err)
+				return
+			}
+			c.reply(m.msgid, nil, asError(err))
+			continue
+		}
+		select {
+		case c.slots <- struct{}{}:
+		default:
+			if m.typ == typeRequest {
+				c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded,
+					Message: fmt.Sprintf("too many requests in flight on this connection (limit %d)", c.s.cfg.MaxInFlight)})
+			}
+			continue
+		}
+		if m.params != nil {
+			m.params = append([]byte(nil), m.params...) // the frame buffer is reused
+		}
+		c.handlers.Add(1)
+		go c.handle(m)
+	}
+}
+
+// frameError answers a message that could not be framed, if its msgid can
+// be read from the prefix that was.
+func (c *conn) frameError(dec *msgpack.Decoder, prefix []byte, err error) {
+	var fe *fencekv.Error
+	switch {
+	case errors.Is(err, errFrameTooLarge):
+		fe = &fencekv.Error{Code: fencekv.CodeTooLarge, Message: fmt.Sprintf("message is over the limit of %d bytes", c.s.cfg.MaxMessageSize)}
+	case errors.Is(err, errFrameDepth):
+		fe = badRequest("message nests arrays and maps more than %d deep", maxDepth)
+	default:
+		return // EOF, a closed connection, or bytes that are not msgpack
+	}
+	dec.Reset(bytes.NewReader(prefix))
+	if n, err := dec.DecodeArrayLen(); err != nil || n != 4 {
+		return
+	}
+	if t, err := decodeInt(dec); err != nil || t != typeRequest {
+		return
+	}
+	if id, err := decodeUint(dec); err == nil && id <= 1<<32-1 {
+		c.reply(uint32(id), nil, fe)
+	}
+}
+
+func (c *conn) handle(m message) {
+	defer func() {
+		if p := recover(); p != nil {
+			c.s.log.Error("panic serving request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
+			if m.typ == typeRequest {
+				c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("internal error serving %s", m.method)})
+			}
+		}
+		<-c.slots
+		c.handlers.Done()
+	}()
+	e := encoderPool.Get().(*encoder)
+	e.response(m.msgid)
+	var a args
+	dec := msgpack.NewDecoder(nil)
+	if err := parseArgs(dec, m.params, &a); err != nil {
+		c.finish(m, e, asError(err))
+		return
+	}
+	call, ok := methods[m.method]
+	if !ok {
+		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", m.method)})
+		return
+	}
+	// The result is written after the nil error slot; on a refusal the
+	// response is rewritten with the error and a nil result.
+	e.EncodeNil()
+	if err := call(c.ctx, c.s.eng, &a, e); err != nil {
+		e.response(m.msgid)
+		c.finish(m, e, asError(shutdownError(c.ctx, err)))
+		return
+	}
+	c.send(m, e)
+}
+
+// shutdownError reports a blocked acquire cut short by shutdown or a closed
+// connection as unavailable rather than a context error.
+func shutdownError(ctx context.Context, err error) error {
+	if ctx.Err() != nil && (errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded)) {
+		return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "the server is shutting down or the connection closed"}
+	}
+	return err
+}
+
+// finish completes e, started with response(msgid), as an error response.
+func (c *conn) finish(m message, e *encoder, err *fencekv.Error) {
+	e.errorMap(err)
+	e.EncodeNil()
+	c.send(m, e)
+}
+
+func (c *conn) send(m message, e *encoder) {
+	if m.typ != typeRequest {
+		encoderPool.Put(e)
+		return
+	}
+	c.out <- e
+}
+
+// reply sends an error response from the read loop.
+func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
+	e := encoderPool.Get().(*encoder)
+	e.response(msgid)
+	e.errorMap(err)
+	e.EncodeNil()
+	c.out <- e
+}
+
+func (c *conn) writeLoop(done chan<- struct{}) {
+	defer close(done)
+	bw := bufio.NewWriterSize(c.nc, 64<<10)
+	broken := false
+	for e := range c.out {
+		if !broken {
+			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+			if _, err := bw.Write(e.buf.Bytes()); err != nil {
+				broken = true
+			} else if len(c.out) == 0 {
+				broken = bw.Flush() != nil
+			}
+			if broken {
+				// The peer is gone or not reading: stop the read loop too.
+				c.nc.Close()
+				c.cancel()
+			}
+		}
+		if e.buf.Cap() <= 64<<10 {
+			encoderPool.Put(e)
+		}
+	}
+	if !broken {
+		bw.Flush()
+	}
+}
