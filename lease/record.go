@@ -57,8 +57,13 @@ func (r *Record) marshal() []byte {
 }
 
 func unmarshal(b []byte) (Record, error) {
-	if len(b) < 2+5*8 || b[0] != recordVersion {
-		return Record{}, fmt.Errorf("lease: bad record (%d bytes, version %d)", len(b), b[0])
+	// Check the length before reading the version byte: an empty record
+	// must be reported as bad, not index out of range.
+	if len(b) < 2+5*8 {
+		return Record{}, fmt.Errorf("lease: bad record (%d bytes, want at least %d)", len(b), 2+5*8)
+	}
+	if b[0] != recordVersion {
+		return Record{}, fmt.Errorf("lease: bad record (version %d, want %d)", b[0], recordVersion)
 	}
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(b[2+8*i:]) }
 	return Record{
