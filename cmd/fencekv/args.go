@@ -1,0 +1,102 @@
+package main
+
+import (
+	"strconv"
+	"strings"
+
+	"github.com/urfave/cli/v2"
+)
+
+// reorder lets flags follow positional arguments, as people type them
+// ("fencekv put k v --token 7"): urfave/cli stops reading flags at the
+// first positional argument, so the flags of the chosen (sub)command are
+// moved in front of its positional arguments. Everything after "--" is
+// left as it is (run-locked's command line), and so is "-" (stdin) and a
+// negative number ("incr k -5").
+func reorder(app *cli.App, args []string) []string {
+	if len(args) < 2 {
+		return args
+	}
+	out := []string{args[0]}
+	rest := args[1:]
+	cmds := app.Commands
+	var cmd *cli.Command
+	// Walk down the command path: global flags, then command names.
+	for len(rest) > 0 {
+		a := rest[0]
+		if strings.HasPrefix(a, "-") {
+			if cmd != nil {
+				break
+			}
+			out = append(out, a)
+			rest = rest[1:]
+			continue
+		}
+		next := find(cmds, a)
+		if next == nil {
+			break
+		}
+		cmd = next
+		cmds = next.Subcommands
+		out = append(out, a)
+		rest = rest[1:]
+	}
+	if cmd == nil || cmd.SkipFlagParsing {
+		return append(out, rest...)
+	}
+	var flags, positional, tail []string
+	for i := 0; i < len(rest); i++ {
+		a := rest[i]
+		switch {
+		case a == "--":
+			tail = rest[i:]
+			i = len(rest)
+		case a == "-" || !strings.HasPrefix(a, "-") || isNumber(a):
+			positional = append(positional, a)
+		default:
+			flags = append(flags, a)
+			if takesValue(cmd, a) && i+1 < len(rest) {
+				i++
+				flags = append(flags, rest[i])
+			}
+		}
+	}
+	out = append(out, flags...)
+	out = append(out, positional...)
+	return append(out, tail...)
+}
+
+func find(cmds []*cli.Command, name string) *cli.Command {
+	for _, c := range cmds {
+		if c.HasName(name) {
+			return c
+		}
+	}
+	return nil
+}
+
+func isNumber(s string) bool {
+	_, err := strconv.ParseFloat(s, 64)
+	return err == nil
+}
+
+// takesValue reports whether the flag arg (like "--token" or "-t") of cmd
+// reads the next argument as its value.
+func takesValue(cmd *cli.Command, arg string) bool {
+	name := strings.TrimLeft(arg, "-")
+	if strings.Contains(name, "=") {
+		return false
+	}
+	for _, f := range cmd.Flags {
+		for _, n := range f.Names() {
+			if n != name {
+				continue
+			}
+			if _, ok := f.(*cli.BoolFlag); ok {
+				return false
+			}
+			return true
+		}
+	}
+	return false
+}

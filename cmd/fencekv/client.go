@@ -1,0 +1,156 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+	"unicode/utf8"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+	"github.com/urfave/cli/v2"
+)
+
+// DefaultAddr is where the client commands look for a server.
+const DefaultAddr = "127.0.0.1:7420"
+
+// clientFlags are shared by every command that talks to a server.
+func clientFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.StringFlag{Name: "addr", Value: DefaultAddr, EnvVars: []string{"FENCEKV_ADDR"}, Usage: "server `ADDRESS` (host:port)"},
+		&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, EnvVars: []string{"FENCEKV_TIMEOUT"}, Usage: "give up on the server after this long (waits for locks come on top)"},
+		&cli.BoolFlag{Name: "json", Usage: "print the result as JSON, for scripts"},
+	}
+}
+
+// writeFlags are the fencing options of the write commands.
+func writeFlags() []cli.Flag {
+	return []cli.Flag{
+		&cli.Uint64Flag{Name: "token", Aliases: []string{"t"}, EnvVars: []string{"FENCEKV_TOKEN"}, Usage: "fencing `TOKEN` of the write (refused if below the key's fence)"},
+		&cli.BoolFlag{Name: "strict", Usage: "accept only a token above the key's fence"},
+		&cli.StringFlag{Name: "lock", Aliases: []string{"l"}, Usage: "accept only while `LOCK` is held by --token (a held write)"},
+	}
+}
+
+func writeOptions(c *cli.Context) fencekv.WriteOptions {
+	return fencekv.WriteOptions{Token: fencekv.Token(c.Uint64("token")), Strict: c.Bool("strict"), Lock: c.String("lock")}
+}
+
+// withClient dials the server and runs fn with a context bounded by
+// --timeout plus extra.
+func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context, cl *wire.Client) error) error {
+	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout")+extra)
+	defer cancel()
+	cl, err := wire.Dial(ctx, c.String("addr"))
+	if err != nil {
+		return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
+	}
+	defer cl.Close()
+	return fn(ctx, cl)
+}
+
+// show writes v as JSON with --json, or the human text otherwise.
+func show(c *cli.Context, human string, v any) error {
+	if c.Bool("json") {
+		enc := json.NewEncoder(c.App.Writer)
+		return enc.Encode(v)
+	}
+	_, err := fmt.Fprintln(c.App.Writer, human)
+	return err
+}
+
+// refused prints a refusal (as JSON with --json) and returns it, so the
+// exit status follows its code.
+func refused(c *cli.Context, err error) error {
+	fe, ok := err.(*fencekv.Error)
+	if !ok {
+		return err
+	}
+	if c.Bool("json") {
+		out := map[string]any{"error": fe.Code, "message": fe.Message}
+		switch fe.Code {
+		case fencekv.CodeStaleToken:
+			out["fence"] = fe.Fence
+		case fencekv.CodeNotHolder, fencekv.CodeLeaseExpired:
+			out["token"] = fe.Token
+		case fencekv.CodeLockHeld:
+			out["holder"], out["token"], out["retry_ms"] = fe.Holder, fe.Token, fe.RetryAfter.Milliseconds()
+		case fencekv.CodeCompareFailed:
+			out["revision"] = fe.Revision
+		}
+		json.NewEncoder(c.App.Writer).Encode(out)
+		return statusError(exitCode(err))
+	}
+	fmt.Fprintf(c.App.ErrWriter, "fencekv: %s\n", describe(err))
+	return statusError(exitCode(err))
+}
+
+// text renders a key or value for JSON: a string if it is UTF-8.
+func text(b []byte) any {
+	if utf8.Valid(b) {
+		return string(b)
+	}
+	return b // encoding/json writes base64
+}
+
+func pingCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "ping",
+		Usage:     "check that a server answers",
+		UsageText: "fencekv ping [--addr ADDR]",
+		Flags:     clientFlags(),
+		Action: func(c *cli.Context) error {
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				start := time.Now()
+				v, err := cl.Ping(ctx)
+				if err != nil {
+					return refused(c, err)
+				}
+				rtt := time.Since(start)
+				return show(c, fmt.Sprintf("pong from %s: fencekv %s in %v", cl.Addr(), v, rtt.Round(time.Microsecond)),
+					map[string]any{"version": v, "rtt_us": rtt.Microseconds()})
+			})
+		},
+	}
+}
+
+func statusCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "status",
+		Usage:     "show the server's counters",
+		UsageText: "fencekv status [--json]",
+		Flags:     clientFlags(),
+		Action: func(c *cli.Context) error {
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				st, err := cl.Status(ctx)
+				if err != nil {
+					return refused(c, err)
+				}
+				per := 0.0
+				if st.Commits > 0 {
+					per = float64(st.Commands) / float64(st.Commits)
+				}
+				human := fmt.Sprintf("version     %s\nlast token  %d\nrevision    %d\nkeys        %d\nlocks held  %d\nwaiters     %d\ncommits     %d (%.1f commands each)\ndata size   %d bytes",
+					st.Version, st.LastToken, st.Revision, st.Keys, st.Locks, st.Waiters, st.Commits, per, st.DataSize)
+				return show(c, human, map[string]any{
+					"version": st.Version, "last_token": st.LastToken, "revision": st.Revision, "keys": st.Keys,
+					"locks": st.Locks, "waiters": st.Waiters, "commits": st.Commits, "commands": st.Commands, "data_size": st.DataSize,
+				})
+			})
+		},
+	}
+}
+
+func versionString() string { return fencekv.Version }
+
+func versionCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "version",
+		Usage: "print the version",
+		Action: func(c *cli.Context) error {
+			_, err := fmt.Fprintf(c.App.Writer, "fencekv %s\n", versionString())
+			return err
+		},
+	}
+}

@@ -1,0 +1,70 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/fencekv/fencekv"
+	"github.com/urfave/cli/v2"
+)
+
+// Exit statuses, documented in the app's help and README.md.
+const (
+	exitOK        = 0
+	exitError     = 1 // the server or the connection failed
+	exitUsage     = 2 // bad arguments, bad_request, too_large, unknown_method
+	exitFenced    = 3 // stale_token, not_holder, lease_expired; run-locked lost its lease
+	exitLockHeld  = 4 // lock_held, or a wait ran out
+	exitCondition = 5 // compare_failed, not_integer
+	exitNotFound  = 6 // get of a missing key
+)
+
+// usageError marks a mistake in the command line.
+type usageError struct{ err error }
+
+func (e usageError) Error() string { return e.err.Error() }
+func (e usageError) Unwrap() error { return e.err }
+
+func usagef(format string, args ...any) error {
+	return usageError{fmt.Errorf(format, args...)}
+}
+
+// statusError carries an exit status with no message of its own (the
+// command already printed what happened).
+type statusError int
+
+func (e statusError) Error() string { return "" }
+func (e statusError) ExitCode() int { return int(e) }
+
+var _ cli.ExitCoder = statusError(0)
+
+func exitCode(err error) int {
+	var ec cli.ExitCoder
+	if errors.As(err, &ec) {
+		return ec.ExitCode()
+	}
+	var ue usageError
+	if errors.As(err, &ue) {
+		return exitUsage
+	}
+	var fe *fencekv.Error
+	if errors.As(err, &fe) {
+		switch fe.Code {
+		case fencekv.CodeStaleToken, fencekv.CodeNotHolder, fencekv.CodeLeaseExpired:
+			return exitFenced
+		case fencekv.CodeLockHeld:
+			return exitLockHeld
+		case fencekv.CodeCompareFailed, fencekv.CodeNotInteger:
+			return exitCondition
+		case fencekv.CodeBadRequest, fencekv.CodeTooLarge, fencekv.CodeUnknownMethod:
+			return exitUsage
+		}
+	}
+	return exitError
+}
+
+// describe renders a refusal for people: its code and message, which
+// carries the facts (fence, holder token, time to wait).
+func describe(err error) string {
+	return err.Error()
+}

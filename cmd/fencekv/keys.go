@@ -1,0 +1,249 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+	"github.com/urfave/cli/v2"
+)
+
+func flags(groups ...[]cli.Flag) []cli.Flag {
+	var out []cli.Flag
+	for _, g := range groups {
+		out = append(out, g...)
+	}
+	return out
+}
+
+// nargs checks the number of positional arguments.
+func nargs(c *cli.Context, min, max int) error {
+	n := c.NArg()
+	if n < min || n > max {
+		return usagef("%s: want %s (see 'fencekv %s --help')", c.Command.Name, c.Command.ArgsUsage, c.Command.FullName())
+	}
+	return nil
+}
+
+// value reads a value argument; "-" means standard input.
+func value(c *cli.Context, arg string) ([]byte, error) {
+	if arg != "-" {
+		return []byte(arg), nil
+	}
+	b, err := io.ReadAll(c.App.Reader)
+	if err != nil {
+		return nil, fmt.Errorf("reading the value from stdin: %w", err)
+	}
+	return b, nil
+}
+
+func writeJSON(key []byte, r fencekv.WriteResult) map[string]any {
+	return map[string]any{"key": text(key), "fence": r.Fence, "revision": r.Revision}
+}
+
+func getCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "get",
+		Usage:     "print a key's value",
+		ArgsUsage: "KEY",
+		UsageText: "fencekv get KEY [--json]\n\nPrints the value followed by a newline. A missing key prints nothing and exits 6;\n--json shows found, fence and revision as well (a deleted key still has its fence).",
+		Flags:     clientFlags(),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 1); err != nil {
+				return err
+			}
+			key := []byte(c.Args().First())
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				e, err := cl.Get(ctx, key)
+				if err != nil {
+					return refused(c, err)
+				}
+				if c.Bool("json") {
+					if err := show(c, "", map[string]any{"key": text(key), "found": e.Found, "value": text(e.Value), "fence": e.Fence, "revision": e.Revision}); err != nil {
+						return err
+					}
+				} else if e.Found {
+					fmt.Fprintf(c.App.Writer, "%s\n", e.Value)
+				} else {
+					fmt.Fprintf(c.App.ErrWriter, "fencekv: %q not found (fence %d)\n", key, e.Fence)
+				}
+				if !e.Found {
+					return statusError(exitNotFound)
+				}
+				return nil
+			})
+		},
+	}
+}
+
+func putCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "put",
+		Usage:     "write a value (fenced with --token)",
+		ArgsUsage: "KEY VALUE|-",
+		UsageText: `fencekv put KEY VALUE [--token N] [--strict] [--lock NAME]
+fencekv put KEY - < file        (the value from standard input)
+
+Examples:
+  fencekv put config/mode blue
+  fencekv put inventory/sku-1 42 --token 34          # refused if the key's fence is above 34
+  fencekv put inventory/sku-1 42 --token 34 --lock inventory   # and only while lock 'inventory' is held by 34`,
+		Flags: flags(clientFlags(), writeFlags()),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 2, 2); err != nil {
+				return err
+			}
+			key := []byte(c.Args().Get(0))
+			val, err := value(c, c.Args().Get(1))
+			if err != nil {
+				return err
+			}
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				r, err := cl.Put(ctx, key, val, writeOptions(c))
+				if err != nil {
+					return refused(c, err)
+				}
+				return show(c, fmt.Sprintf("OK fence=%d revision=%d", r.Fence, r.Revision), writeJSON(key, r))
+			})
+		},
+	}
+}
+
+func delCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "del",
+		Aliases:   []string{"delete"},
+		Usage:     "delete a key (its fence stays)",
+		ArgsUsage: "KEY",
+		UsageText: "fencekv del KEY [--token N] [--strict] [--lock NAME]",
+		Flags:     flags(clientFlags(), writeFlags()),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 1); err != nil {
+				return err
+			}
+			key := []byte(c.Args().First())
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				deleted, r, err := cl.Delete(ctx, key, writeOptions(c))
+				if err != nil {
+					return refused(c, err)
+				}
+				word := "deleted"
+				if !deleted {
+					word = "not found"
+				}
+				out := writeJSON(key, r)
+				out["deleted"] = deleted
+				return show(c, fmt.Sprintf("OK %s fence=%d revision=%d", word, r.Fence, r.Revision), out)
+			})
+		},
+	}
+}
+
+func casCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "cas",
+		Usage:     "write a value if the key is at a revision (0: absent)",
+		ArgsUsage: "KEY REVISION VALUE|-",
+		UsageText: "fencekv cas KEY REVISION VALUE [--token N] [--lock NAME]\n\nExample: fencekv cas config/mode 0 blue    # create only if absent",
+		Flags:     flags(clientFlags(), writeFlags()),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 3, 3); err != nil {
+				return err
+			}
+			key := []byte(c.Args().Get(0))
+			rev, err := strconv.ParseUint(c.Args().Get(1), 10, 64)
+			if err != nil {
+				return usagef("cas: REVISION %q is not a number", c.Args().Get(1))
+			}
+			val, err := value(c, c.Args().Get(2))
+			if err != nil {
+				return err
+			}
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				r, err := cl.CAS(ctx, key, fencekv.Revision(rev), val, writeOptions(c))
+				if err != nil {
+					return refused(c, err)
+				}
+				return show(c, fmt.Sprintf("OK fence=%d revision=%d", r.Fence, r.Revision), writeJSON(key, r))
+			})
+		},
+	}
+}
+
+func incrCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "incr",
+		Usage:     "add to an integer value (a missing key counts as 0)",
+		ArgsUsage: "KEY [DELTA]",
+		UsageText: "fencekv incr KEY [DELTA] [--token N] [--lock NAME]\n\nDELTA defaults to 1 and may be negative: fencekv incr stock -5",
+		Flags:     flags(clientFlags(), writeFlags()),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 2); err != nil {
+				return err
+			}
+			key := []byte(c.Args().Get(0))
+			delta := int64(1)
+			if c.NArg() == 2 {
+				d, err := strconv.ParseInt(c.Args().Get(1), 10, 64)
+				if err != nil {
+					return usagef("incr: DELTA %q is not a 64-bit integer", c.Args().Get(1))
+				}
+				delta = d
+			}
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				n, r, err := cl.Incr(ctx, key, delta, writeOptions(c))
+				if err != nil {
+					return refused(c, err)
+				}
+				out := writeJSON(key, r)
+				out["value"] = n
+				return show(c, fmt.Sprintf("%d", n), out)
+			})
+		},
+	}
+}
+
+func scanCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "scan",
+		Usage:     "list keys by prefix, in byte order",
+		ArgsUsage: "[PREFIX]",
+		UsageText: "fencekv scan [PREFIX] [--start KEY] [--limit N] [--json]",
+		Flags: flags(clientFlags(), []cli.Flag{
+			&cli.StringFlag{Name: "start", Usage: "first `KEY` to list (inclusive)"},
+			&cli.IntFlag{Name: "limit", Value: 100, Usage: "most keys to list"},
+		}),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 0, 1); err != nil {
+				return err
+			}
+			o := fencekv.ScanOptions{Prefix: []byte(c.Args().First()), Limit: c.Int("limit")}
+			if s := c.String("start"); s != "" {
+				o.Start = []byte(s)
+			}
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				items, more, err := cl.Scan(ctx, o)
+				if err != nil {
+					return refused(c, err)
+				}
+				var b strings.Builder
+				list := make([]map[string]any, 0, len(items))
+				for _, it := range items {
+					fmt.Fprintf(&b, "%s\t%s\t(fence %d, revision %d)\n", it.Key, it.Value, it.Fence, it.Revision)
+					list = append(list, map[string]any{"key": text(it.Key), "value": text(it.Value), "fence": it.Fence, "revision": it.Revision})
+				}
+				if more {
+					fmt.Fprintf(&b, "(more keys after %q: raise --limit or page with --start)\n", items[len(items)-1].Key)
+				}
+				if len(items) == 0 {
+					b.WriteString("(no keys)")
+				}
+				return show(c, strings.TrimSuffix(b.String(), "\n"), map[string]any{"items": list, "more": more})
+			})
+		},
+	}
+}

@@ -1,0 +1,226 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+	"github.com/urfave/cli/v2"
+)
+
+func lockCommand() *cli.Command {
+	return &cli.Command{
+		Name:  "lock",
+		Usage: "acquire, renew, release and inspect locks",
+		Description: `A lock is a lease with a fencing token. Pass the token with every write
+you make under the lock (--token), so the store refuses your writes once
+someone newer has written. For a command that should run while holding a lock,
+use 'fencekv run-locked', which also keeps the lease alive.`,
+		Subcommands: []*cli.Command{
+			lockAcquireCommand(),
+			lockRenewCommand(),
+			lockReleaseCommand(),
+			lockInfoCommand(),
+			lockListCommand(),
+		},
+	}
+}
+
+func tokenArg(c *cli.Context) (fencekv.Token, error) {
+	if c.IsSet("token") {
+		return fencekv.Token(c.Uint64("token")), nil
+	}
+	if c.NArg() == 2 {
+		t, err := strconv.ParseUint(c.Args().Get(1), 10, 64)
+		if err != nil {
+			return 0, usagef("TOKEN %q is not a number", c.Args().Get(1))
+		}
+		return fencekv.Token(t), nil
+	}
+	return 0, usagef("%s: give the lease's token with --token N (or as the second argument)", c.Command.FullName())
+}
+
+func tokenFlag() cli.Flag {
+	return &cli.Uint64Flag{Name: "token", Aliases: []string{"t"}, EnvVars: []string{"FENCEKV_TOKEN"}, Usage: "the lease's `TOKEN`"}
+}
+
+func lockAcquireCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "acquire",
+		Usage:     "take a lock and print its fencing token",
+		ArgsUsage: "NAME",
+		UsageText: `fencekv lock acquire NAME [--ttl 10s] [--wait 0s] [--holder TEXT] [--lock-delay 0s]
+
+Prints the token. The lease ends after --ttl unless renewed ('fencekv lock
+renew'). With --wait, queues (first come, first served) until granted or the
+wait ends; exit status 4 if the lock stays held.
+
+Example:
+  token=$(fencekv lock acquire inventory --ttl 30s)
+  fencekv put inventory/sku-1 42 --token "$token"
+  fencekv lock release inventory --token "$token"`,
+		Flags: flags(clientFlags(), []cli.Flag{
+			&cli.DurationFlag{Name: "ttl", Value: 10 * time.Second, Usage: "lease length"},
+			&cli.DurationFlag{Name: "wait", Usage: "queue for the lock up to this long"},
+			&cli.StringFlag{Name: "holder", Usage: "a name for the holder, shown by 'lock info'"},
+			&cli.DurationFlag{Name: "lock-delay", Usage: "after this lease expires (not after a release), nobody may acquire for this long"},
+		}),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 1); err != nil {
+				return err
+			}
+			name := c.Args().First()
+			o := &fencekv.AcquireOptions{Holder: c.String("holder"), Wait: c.Duration("wait"), LockDelay: c.Duration("lock-delay")}
+			return withClient(c, o.Wait, func(ctx context.Context, cl *wire.Client) error {
+				l, err := cl.Acquire(ctx, name, c.Duration("ttl"), o)
+				if err != nil {
+					return refused(c, err)
+				}
+				return show(c, strconv.FormatUint(uint64(l.Token), 10),
+					map[string]any{"lock": name, "token": l.Token, "ttl_ms": l.TTL.Milliseconds()})
+			})
+		},
+	}
+}
+
+func lockRenewCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "renew",
+		Usage:     "give a lease its full TTL again",
+		ArgsUsage: "NAME [TOKEN]",
+		UsageText: "fencekv lock renew NAME --token N",
+		Flags:     flags(clientFlags(), []cli.Flag{tokenFlag()}),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 2); err != nil {
+				return err
+			}
+			token, err := tokenArg(c)
+			if err != nil {
+				return err
+			}
+			name := c.Args().First()
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				ttl, err := cl.Renew(ctx, name, token)
+				if err != nil {
+					return refused(c, err)
+				}
+				return show(c, fmt.Sprintf("OK ttl=%v", ttl), map[string]any{"lock": name, "token": token, "ttl_ms": ttl.Milliseconds()})
+			})
+		},
+	}
+}
+
+func lockReleaseCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "release",
+		Usage:     "release a lock held by a token",
+		ArgsUsage: "NAME [TOKEN]",
+		UsageText: "fencekv lock release NAME --token N\n\nExit status 3 if the token does not hold the lock (any more).",
+		Flags:     flags(clientFlags(), []cli.Flag{tokenFlag()}),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 2); err != nil {
+				return err
+			}
+			token, err := tokenArg(c)
+			if err != nil {
+				return err
+			}
+			name := c.Args().First()
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				if err := cl.Release(ctx, name, token); err != nil {
+					return refused(c, err)
+				}
+				return show(c, "OK released", map[string]any{"lock": name, "token": token, "released": true})
+			})
+		},
+	}
+}
+
+func lockJSON(in fencekv.LockInfo) map[string]any {
+	return map[string]any{"lock": in.Name, "held": in.Held, "holder": in.Holder, "token": in.Token,
+		"ttl_ms": in.TTL.Milliseconds(), "waiters": in.Waiters, "lock_delay_ms": in.Delay.Milliseconds()}
+}
+
+func lockLine(in fencekv.LockInfo) string {
+	if in.Held {
+		s := fmt.Sprintf("%s\theld by token %d for %v", in.Name, in.Token, in.TTL.Round(time.Millisecond))
+		if in.Holder != "" {
+			s += fmt.Sprintf(" (holder %q)", in.Holder)
+		}
+		if in.Waiters > 0 {
+			s += fmt.Sprintf(", %d waiting", in.Waiters)
+		}
+		return s
+	}
+	s := fmt.Sprintf("%s\tfree", in.Name)
+	if in.Token != 0 {
+		s += fmt.Sprintf(" (last token %d)", in.Token)
+	}
+	if in.Delay > 0 {
+		s += fmt.Sprintf(", in lock-delay for %v", in.Delay.Round(time.Millisecond))
+	}
+	return s
+}
+
+func lockInfoCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "info",
+		Usage:     "show who holds a lock",
+		ArgsUsage: "NAME",
+		UsageText: "fencekv lock info NAME [--json]",
+		Flags:     clientFlags(),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 1, 1); err != nil {
+				return err
+			}
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				in, err := cl.LockInfo(ctx, c.Args().First())
+				if err != nil {
+					return refused(c, err)
+				}
+				return show(c, lockLine(in), lockJSON(in))
+			})
+		},
+	}
+}
+
+func lockListCommand() *cli.Command {
+	return &cli.Command{
+		Name:      "list",
+		Aliases:   []string{"ls"},
+		Usage:     "list held locks by prefix",
+		ArgsUsage: "[PREFIX]",
+		UsageText: "fencekv lock list [PREFIX] [--limit N] [--json]",
+		Flags: flags(clientFlags(), []cli.Flag{
+			&cli.IntFlag{Name: "limit", Value: 100, Usage: "most locks to list"},
+		}),
+		Action: func(c *cli.Context) error {
+			if err := nargs(c, 0, 1); err != nil {
+				return err
+			}
+			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				ls, more, err := cl.Locks(ctx, c.Args().First(), "", c.Int("limit"))
+				if err != nil {
+					return refused(c, err)
+				}
+				lines := make([]string, 0, len(ls))
+				list := make([]map[string]any, 0, len(ls))
+				for _, in := range ls {
+					lines = append(lines, lockLine(in))
+					list = append(list, lockJSON(in))
+				}
+				if len(ls) == 0 {
+					lines = append(lines, "(no locks held)")
+				}
+				if more {
+					lines = append(lines, "(more: raise --limit)")
+				}
+				return show(c, strings.Join(lines, "\n"), map[string]any{"locks": list, "more": more})
+			})
+		},
+	}
+}

@@ -1,0 +1,76 @@
+// Command fencekv is the fencekv server and its command-line client.
+//
+// main only builds the app; each subcommand lives in its own file, and the
+// work of each is a plain function testable in-process.
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+
+	"github.com/urfave/cli/v2"
+)
+
+func main() {
+	os.Exit(run(os.Args, os.Stdin, os.Stdout, os.Stderr))
+}
+
+// run executes the CLI with args (args[0] is the program name) and returns
+// the process exit status.
+func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
+	app := newApp(stdin, stdout, stderr)
+	err := app.Run(reorder(app, args))
+	if err == nil {
+		return 0
+	}
+	code := exitCode(err)
+	var ec cli.ExitCoder
+	if !errors.As(err, &ec) || ec.Error() != "" {
+		fmt.Fprintf(stderr, "fencekv: %v\n", err)
+	}
+	return code
+}
+
+func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
+	return &cli.App{
+		Name:    "fencekv",
+		Usage:   "a key-value store and lock service with fencing tokens",
+		Version: versionString(),
+		Description: `fencekv is a lock service and the storage the locks protect, in one
+transactional boundary. Every lock grant carries a fencing token; every key
+keeps the highest token that wrote it; a write with an older token is refused.
+
+Start a server with 'fencekv serve', then use the client commands against it
+(--addr or FENCEKV_ADDR, default 127.0.0.1:7420).
+
+Exit status: 0 ok; 1 server or connection error; 2 usage error (bad
+arguments, bad_request, too_large); 3 refused by fencing (stale_token,
+not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
+condition failed (compare_failed, not_integer); 6 key not found (get).`,
+		Reader:          stdin,
+		Writer:          stdout,
+		ErrWriter:       stderr,
+		HideHelpCommand: true,
+		Suggest:         true,
+		ExitErrHandler:  func(*cli.Context, error) {}, // run maps errors to statuses
+		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
+			return usageError{err}
+		},
+		Commands: []*cli.Command{
+			serveCommand(),
+			pingCommand(),
+			statusCommand(),
+			getCommand(),
+			putCommand(),
+			delCommand(),
+			casCommand(),
+			incrCommand(),
+			scanCommand(),
+			lockCommand(),
+			runLockedCommand(),
+			versionCommand(),
+		},
+	}
+}

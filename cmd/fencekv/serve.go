@@ -1,0 +1,176 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"os/signal"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+	"github.com/urfave/cli/v2"
+)
+
+func serveCommand() *cli.Command {
+	d := fencekv.DefaultOptions()
+	w := wire.DefaultConfig()
+	env := func(name string) []string { return []string{"FENCEKV_" + name} }
+	return &cli.Command{
+		Name:  "serve",
+		Usage: "run the fencekv server",
+		UsageText: `fencekv serve [--data DIR] [--listen ADDR] [limits...]
+
+Serves the MessagePack-RPC protocol (wire/PROTOCOL.md) on --listen, with its
+data in --data. Every flag can also be set with the FENCEKV_* variable shown.
+SIGINT or SIGTERM shut down gracefully (in-flight requests are answered,
+exit status 0); a second signal exits at once.
+
+Example:
+  fencekv serve --data /var/lib/fencekv --listen 127.0.0.1:7420 --log-format json`,
+		Flags: []cli.Flag{
+			&cli.StringFlag{Name: "data", Value: "./fencekv-data", EnvVars: env("DATA"), Usage: "data `DIR` (created if missing; one server per dir)"},
+			&cli.StringFlag{Name: "listen", Value: DefaultAddr, EnvVars: env("LISTEN"), Usage: "TCP `ADDRESS` to serve on"},
+			&cli.IntFlag{Name: "max-message-size", Value: w.MaxMessageSize, EnvVars: env("MAX_MESSAGE_SIZE"), Usage: "largest request in bytes"},
+			&cli.IntFlag{Name: "max-key-size", Value: d.MaxKeySize, EnvVars: env("MAX_KEY_SIZE"), Usage: "largest key, lock name or holder in bytes"},
+			&cli.IntFlag{Name: "max-value-size", Value: d.MaxValueSize, EnvVars: env("MAX_VALUE_SIZE"), Usage: "largest value in bytes"},
+			&cli.IntFlag{Name: "max-conns", Value: w.MaxConns, EnvVars: env("MAX_CONNS"), Usage: "most client connections at once"},
+			&cli.IntFlag{Name: "max-in-flight", Value: w.MaxInFlight, EnvVars: env("MAX_IN_FLIGHT"), Usage: "most pending requests per connection"},
+			&cli.IntFlag{Name: "max-waiters", Value: d.MaxWaiters, EnvVars: env("MAX_WAITERS"), Usage: "most callers queued for locks"},
+			&cli.DurationFlag{Name: "min-ttl", Value: d.MinTTL, EnvVars: env("MIN_TTL"), Usage: "shortest lease"},
+			&cli.DurationFlag{Name: "max-ttl", Value: d.MaxTTL, EnvVars: env("MAX_TTL"), Usage: "longest lease"},
+			&cli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second, EnvVars: env("SHUTDOWN_TIMEOUT"), Usage: "how long a graceful shutdown waits for in-flight requests"},
+			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug, info, warn or error"},
+			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: env("LOG_FORMAT"), Usage: "text or json"},
+		},
+		Action: func(c *cli.Context) error {
+			if c.NArg() > 0 {
+				return usagef("serve takes no arguments, got %q", c.Args().Slice())
+			}
+			log, err := newLogger(c.App.ErrWriter, c.String("log-level"), c.String("log-format"))
+			if err != nil {
+				return usageError{err}
+			}
+			o := fencekv.DefaultOptions()
+			o.Logger = log
+			o.MaxKeySize = c.Int("max-key-size")
+			o.MaxValueSize = c.Int("max-value-size")
+			o.MaxWaiters = c.Int("max-waiters")
+			o.MinTTL = c.Duration("min-ttl")
+			o.MaxTTL = c.Duration("max-ttl")
+			wc := wire.DefaultConfig()
+			wc.Logger = log
+			wc.MaxMessageSize = c.Int("max-message-size")
+			wc.MaxConns = c.Int("max-conns")
+			wc.MaxInFlight = c.Int("max-in-flight")
+
+			ctx, stop := shutdownSignals(c.Context, log)
+			defer stop()
+			return serve(ctx, log, c.String("data"), c.String("listen"), o, wc, c.Duration("shutdown-timeout"), nil)
+		},
+	}
+}
+
+// shutdownSignals returns a context cancelled by the first SIGINT or
+// SIGTERM; a second one exits the process at once.
+func shutdownSignals(parent context.Context, log *slog.Logger) (context.Context, func()) {
+	ctx, cancel := context.WithCancel(parent)
+	sigs := make(chan os.Signal, 2)
+	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	done := make(chan struct{})
+	go func() {
+		select {
+		case s := <-sigs:
+			log.Info("shutting down", "signal", s.String())
+			cancel()
+		case <-done:
+			return
+		}
+		select {
+		case s := <-sigs:
+			log.Warn("second signal: exiting now", "signal", s.String())
+			os.Exit(1)
+		case <-done:
+		}
+	}()
+	return ctx, func() {
+		signal.Stop(sigs)
+		close(done)
+		cancel()
+	}
+}
+
+// serve runs a server until ctx ends, then shuts it down gracefully. If
+// ready is not nil, it receives the listening address once serving.
+func serve(ctx context.Context, log *slog.Logger, dir, listen string, o fencekv.Options, wc wire.Config, grace time.Duration, ready chan<- string) error {
+	db, err := fencekv.Open(dir, &o)
+	if err != nil {
+		if errors.Is(err, fencekv.ErrLocked) {
+			return fmt.Errorf("data dir %s is in use by another fencekv process", dir)
+		}
+		return fmt.Errorf("opening data dir %s: %w", dir, err)
+	}
+	srv, err := wire.NewServer(db, wc)
+	if err != nil {
+		db.Close()
+		return usageError{err}
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		db.Close()
+		return fmt.Errorf("listen on %s: %w", listen, err)
+	}
+	st, err := db.Status(ctx)
+	if err != nil {
+		ln.Close()
+		db.Close()
+		return err
+	}
+	log.Info("fencekv serving", "version", fencekv.Version, "data", dir, "addr", ln.Addr().String(),
+		"tokens_issued", uint64(st.LastToken), "keys", st.Keys, "locks", st.Locks)
+	if ready != nil {
+		ready <- ln.Addr().String()
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	select {
+	case <-ctx.Done():
+	case err := <-served:
+		db.Close()
+		return fmt.Errorf("serving: %w", err)
+	}
+	sctx, cancel := context.WithTimeout(context.Background(), grace)
+	defer cancel()
+	serr := srv.Shutdown(sctx)
+	<-served
+	if serr != nil {
+		log.Warn("shutdown deadline passed; closed remaining connections", "err", serr)
+	}
+	st, _ = db.Status(context.Background())
+	if err := db.Close(); err != nil {
+		return fmt.Errorf("closing the data file: %w", err)
+	}
+	log.Info("fencekv stopped", "tokens_issued", uint64(st.LastToken), "revision", uint64(st.Revision))
+	return nil
+}
+
+func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
+	var lv slog.Level
+	if err := lv.UnmarshalText([]byte(level)); err != nil {
+		return nil, fmt.Errorf("--log-level %q: want debug, info, warn or error", level)
+	}
+	ho := &slog.HandlerOptions{Level: lv}
+	switch strings.ToLower(format) {
+	case "text":
+		return slog.New(slog.NewTextHandler(w, ho)), nil
+	case "json":
+		return slog.New(slog.NewJSONHandler(w, ho)), nil
+	}
+	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
