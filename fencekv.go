@@ -449,6 +449,13 @@ func (db *DB) expiryLoop() {
 				continue
 			}
 			timer = db.clock.NewTimer(at - now)
+			// The clock may have moved past at between reading now and
+			// arming the timer. The timer then fires late, and on a fake
+			// clock (which moves only when told) never: check again.
+			if db.now() >= at {
+				timer.Stop()
+				continue
+			}
 			fire = timer.C()
 		}
 		select {
