@@ -474,22 +474,22 @@ func (db *DB) expiryLoop() {
 }
 
 // expireDue submits expire commands for what is due at now and waits for
-// them. It returns false when the DB is closing or failed.
+// them. It returns false when the DB is closing or failed. It waits for
+// every command it sent, also when closing: the commit loop answers them
+// all, and a request may go back to the pool only after its answer.
 func (db *DB) expireDue(now time.Duration) bool {
 	names := db.leases.Due(now, db.opts.MaxBatch)
 	reqs := make([]*request, 0, len(names))
-	defer func() {
-		for _, r := range reqs {
-			r.free()
-		}
-	}()
+	ok := true
+send:
 	for _, name := range names {
 		r := newRequest(Command{Op: OpExpire, Lease: lease.Request{Name: name}})
 		db.sendMu.RLock()
 		if db.closed {
 			db.sendMu.RUnlock()
 			r.free()
-			return false
+			ok = false
+			break
 		}
 		select {
 		case db.reqs <- r:
@@ -497,16 +497,17 @@ func (db *DB) expireDue(now time.Duration) bool {
 		case <-db.stop:
 			db.sendMu.RUnlock()
 			r.free()
-			return false
+			ok = false
+			break send
 		}
 		db.sendMu.RUnlock()
 	}
-	ok := true
 	for _, r := range reqs {
 		<-r.done
 		if r.res.Err != nil {
 			ok = false
 		}
+		r.free()
 	}
 	return ok
 }
