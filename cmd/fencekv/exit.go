@@ -17,6 +17,7 @@ const (
 	exitLockHeld  = 4 // lock_held, or a wait ran out
 	exitCondition = 5 // compare_failed, not_integer
 	exitNotFound  = 6 // get of a missing key
+	exitViolation = 7 // verify found a broken guarantee
 )
 
 // usageError marks a mistake in the command line.

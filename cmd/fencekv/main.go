@@ -34,7 +34,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 }
 
 func newApp(stdin io.Reader, stdout, stderr io.Writer) *cli.App {
-	return &cli.App{
+	app := &cli.App{
 		Name:    "fencekv",
 		Usage:   "a key-value store and lock service with fencing tokens",
 		Version: versionString(),
@@ -48,7 +48,8 @@ Start a server with 'fencekv serve', then use the client commands against it
 Exit status: 0 ok; 1 server or connection error; 2 usage error (bad
 arguments, bad_request, too_large); 3 refused by fencing (stale_token,
 not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
-condition failed (compare_failed, not_integer); 6 key not found (get).`,
+condition failed (compare_failed, not_integer); 6 key not found (get);
+7 verify found a broken guarantee.`,
 		Reader:          stdin,
 		Writer:          stdout,
 		ErrWriter:       stderr,
@@ -71,6 +72,51 @@ condition failed (compare_failed, not_integer); 6 key not found (get).`,
 			lockCommand(),
 			runLockedCommand(),
 			versionCommand(),
+			verifyCommand(),
+			verifyClientCommand(),
 		},
+	}
+	app.Action = helpOrUnknown(cli.ShowAppHelp)
+	strictUsage(app.Commands)
+	return app
+}
+
+// strictUsage makes every usage mistake exit 2 with a one-line message on
+// stderr. Left alone, urfave/cli gives subcommands no OnUsageError (a bad
+// flag prints the help to stdout and exits 1), and answers an unknown
+// command with "No help topic" and status 3, which here means "fenced".
+func strictUsage(cmds []*cli.Command) {
+	for _, c := range cmds {
+		if c.OnUsageError == nil {
+			c.OnUsageError = func(cc *cli.Context, err error, _ bool) error {
+				return usageError{fmt.Errorf("%w (see '%s --help')", err, cc.Command.HelpName)}
+			}
+		}
+		if len(c.Subcommands) > 0 {
+			if c.Action == nil {
+				c.HideHelpCommand = true // helpOrUnknown answers "lock help acquire"
+				c.Action = helpOrUnknown(cli.ShowSubcommandHelp)
+			}
+			strictUsage(c.Subcommands)
+		}
+	}
+}
+
+// helpOrUnknown is the action of a command that only groups others: with
+// no arguments it shows the help, with one it refuses the unknown name.
+func helpOrUnknown(help func(*cli.Context) error) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		switch a := c.Args(); {
+		case a.First() == "help" && a.Len() == 1:
+			return help(c)
+		case a.First() == "help": // "fencekv help put"
+			if cli.ShowCommandHelp(c, a.Get(1)) != nil {
+				return usagef("unknown command %q (see 'fencekv --help')", a.Get(1))
+			}
+			return nil
+		case a.Present():
+			return usagef("unknown command %q (see 'fencekv --help')", a.First())
+		}
+		return help(c)
 	}
 }

@@ -1,0 +1,180 @@
+package verify
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// A paused client speaks a line protocol with the verifier:
+//
+//	client: token N        (it holds the lock)
+//	verifier: go           (after SIGSTOP ... SIGCONT)
+//	client: ok | refused CODE
+//
+// so that the pause falls exactly between the grant and the write.
+
+// ClientMain is the paused client: it acquires a lock, reports its token,
+// waits for a line on stdin, then writes a key with its token (and, with
+// -held, naming the lock) and reports the outcome. It returns the process
+// exit status. fencekv verify runs it in a child process.
+func ClientMain(args []string, stdin io.Reader, stdout io.Writer) int {
+	fs := flag.NewFlagSet("verify-client", flag.ContinueOnError)
+	fs.SetOutput(stdout)
+	addr := fs.String("addr", "", "server address")
+	lock := fs.String("lock", "", "lock to acquire")
+	key := fs.String("key", "", "key to write")
+	ttl := fs.Duration("ttl", time.Second, "lease length")
+	held := fs.Bool("held", false, "make a held write (naming the lock)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	ctx := context.Background()
+	c, err := wire.Dial(ctx, *addr)
+	if err != nil {
+		fmt.Fprintf(stdout, "error %v\n", err)
+		return 1
+	}
+	defer c.Close()
+	l, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: "fencekv verify paused client"})
+	if err != nil {
+		fmt.Fprintf(stdout, "error %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "token %d\n", l.Token)
+	if _, err := bufio.NewReader(stdin).ReadString('\n'); err != nil {
+		fmt.Fprintf(stdout, "error %v\n", err)
+		return 1
+	}
+	w := fencekv.WriteOptions{Token: l.Token}
+	if *held {
+		w.Lock = *lock
+	}
+	_, err = c.Put(ctx, []byte(*key), []byte("written by a client paused past its lease"), w)
+	var fe *fencekv.Error
+	switch {
+	case err == nil:
+		fmt.Fprintln(stdout, "ok")
+	case errors.As(err, &fe):
+		fmt.Fprintf(stdout, "refused %s\n", fe.Code)
+	default:
+		fmt.Fprintf(stdout, "error %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+type outcome struct {
+	held     bool          // the expired-lease variant
+	accepted bool          // the paused client's write was accepted
+	token    fencekv.Token // the paused client's token
+	newer    fencekv.Token // the newer holder's token (stale-token variant)
+}
+
+// pauseRound runs one round. Even rounds: A acquires and is stopped; once
+// its lease expires B acquires and writes; A resumes and writes with its
+// old token, which must be refused with stale_token. Odd rounds: A is
+// stopped past its lease and nobody acquires; A resumes and makes a held
+// write, which must be refused with lease_expired (or not_holder).
+func pauseRound(ctx context.Context, cfg Config, c *wire.Client, prefix string, i int) (o outcome, err error) {
+	o.held = i%2 == 1
+	lock := fmt.Sprintf("%sround-%d", prefix, i)
+	key := fmt.Sprintf("%skey-%d", prefix, i)
+	args := []string{"-addr", cfg.Addr, "-lock", lock, "-key", key, "-ttl", cfg.TTL.String()}
+	if o.held {
+		args = append(args, "-held")
+	}
+	cmd := cfg.Client(args)
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return o, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return o, err
+	}
+	if err := cmd.Start(); err != nil {
+		return o, fmt.Errorf("starting the paused client: %w", err)
+	}
+	pid := cmd.Process.Pid
+	defer func() {
+		if err != nil {
+			syscall.Kill(pid, syscall.SIGCONT)
+			cmd.Process.Kill()
+		}
+		stdin.Close()
+		cmd.Wait()
+	}()
+	lines := bufio.NewReader(stdout)
+	line, err := lines.ReadString('\n')
+	if err != nil || !strings.HasPrefix(line, "token ") {
+		return o, fmt.Errorf("paused client: %q %v", strings.TrimSpace(line), err)
+	}
+	t, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "token ")), 10, 64)
+	if err != nil {
+		return o, fmt.Errorf("paused client said %q", line)
+	}
+	o.token = fencekv.Token(t)
+
+	// The pause: a real stopped process, past its lease.
+	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
+		return o, fmt.Errorf("SIGSTOP: %w", err)
+	}
+	if err := awaitExpiry(ctx, c, lock, cfg.TTL); err != nil {
+		return o, err
+	}
+	var newer fencekv.Lease
+	if !o.held {
+		newer, err = c.Acquire(ctx, lock, cfg.TTL*10, &fencekv.AcquireOptions{Holder: "fencekv verify newer holder"})
+		if err != nil {
+			return o, fmt.Errorf("newer holder: %w", err)
+		}
+		o.newer = newer.Token
+		if newer.Token <= o.token {
+			return o, fmt.Errorf("newer grant %d is not above %d: tokens went backwards", newer.Token, o.token)
+		}
+		if _, err := c.Put(ctx, []byte(key), []byte("written by the newer holder"), fencekv.WriteOptions{Token: newer.Token, Lock: lock}); err != nil {
+			return o, fmt.Errorf("newer holder's write: %w", err)
+		}
+	}
+	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
+		return o, fmt.Errorf("SIGCONT: %w", err)
+	}
+	if _, err := io.WriteString(stdin, "go\n"); err != nil {
+		return o, err
+	}
+	line, err = lines.ReadString('\n')
+	line = strings.TrimSpace(line)
+	if err != nil {
+		return o, fmt.Errorf("paused client after resume: %q %v", line, err)
+	}
+	switch {
+	case line == "ok":
+		o.accepted = true
+	case !o.held && line == "refused "+string(fencekv.CodeStaleToken):
+	case o.held && (line == "refused "+string(fencekv.CodeLeaseExpired) || line == "refused "+string(fencekv.CodeNotHolder)):
+	default:
+		return o, fmt.Errorf("paused client's write: unexpected %q", line)
+	}
+	if !o.held {
+		// The newer holder still holds the lock: it tidies up.
+		if _, _, err := c.Delete(ctx, []byte(key), fencekv.WriteOptions{Token: newer.Token, Lock: lock}); err != nil {
+			return o, fmt.Errorf("cleanup: %w", err)
+		}
+		return o, c.Release(ctx, lock, newer.Token)
+	}
+	if o.accepted {
+		return o, cleanup(ctx, c, lock, cfg.TTL, key)
+	}
+	return o, nil
+}
