@@ -473,7 +473,7 @@ func (c *Client) Locks(ctx context.Context, prefix, start string, limit int) ([]
 	}
 	var r struct {
 		Locks []lockResult `msgpack:"locks"`
-		More  bool       `msgpack:"more"`
+		More  bool         `msgpack:"more"`
 	}
 	if err := c.Call(ctx, "locks", p, &r); err != nil {
 		return nil, false, err
