@@ -340,6 +340,67 @@ func TestG2FenceRule(t *testing.T) {
 	}
 }
 
+// TestG2ConcurrentHistory has goroutines write one key concurrently with
+// random tokens, records every outcome, and checks the history: in
+// revision order the accepted tokens never decrease, every refusal names a
+// fence above its token that some earlier write set, and the final fence is
+// the highest accepted token.
+func TestG2ConcurrentHistory(t *testing.T) {
+	db, _ := newDB(t)
+	ctx := context.Background()
+	const workers, writes = 8, 40
+	type event struct {
+		token fencekv.Token
+		rev   fencekv.Revision // accepted: the write's revision
+		fence fencekv.Token    // refused: the fence it named
+	}
+	var mu sync.Mutex
+	var accepted, refused []event
+	var wg sync.WaitGroup
+	for w := 0; w < workers; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < writes; i++ {
+				tok := fencekv.Token(1 + (w*writes+i*7)%50)
+				res, err := db.Put(ctx, []byte("shared"), []byte(fmt.Sprint(tok)), fencekv.WriteOptions{Token: tok})
+				var fe *fencekv.Error
+				mu.Lock()
+				switch {
+				case err == nil:
+					accepted = append(accepted, event{token: tok, rev: res.Revision})
+				case errors.As(err, &fe) && fe.Code == fencekv.CodeStaleToken:
+					refused = append(refused, event{token: tok, fence: fe.Fence})
+				default:
+					t.Errorf("put with token %d: %v", tok, err)
+				}
+				mu.Unlock()
+			}
+		}()
+	}
+	wg.Wait()
+	slices.SortFunc(accepted, func(a, b event) int { return int(a.rev) - int(b.rev) })
+	seen := map[fencekv.Token]bool{}
+	for i, e := range accepted {
+		if i > 0 && e.token < accepted[i-1].token {
+			t.Fatalf("accepted token %d at revision %d after token %d at revision %d", e.token, e.rev, accepted[i-1].token, accepted[i-1].rev)
+		}
+		seen[e.token] = true
+	}
+	for _, e := range refused {
+		if e.fence <= e.token || !seen[e.fence] {
+			t.Fatalf("refusal of token %d named fence %d; want a higher fence some accepted write set", e.token, e.fence)
+		}
+	}
+	if len(accepted)+len(refused) != workers*writes {
+		t.Fatalf("%d outcomes; want %d", len(accepted)+len(refused), workers*writes)
+	}
+	last := accepted[len(accepted)-1]
+	if e := getKey(t, db, "shared"); e.Fence != last.token || e.Revision != last.rev || string(e.Value) != fmt.Sprint(last.token) {
+		t.Fatalf("final entry = %+v; want the last accepted write (token %d, revision %d)", e, last.token, last.rev)
+	}
+}
+
 // TestG2FenceSurvivesDelete checks that a deleted key keeps rejecting
 // stale tokens, for every write, and that Get still reports its fence.
 func TestG2FenceSurvivesDelete(t *testing.T) {
