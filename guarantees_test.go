@@ -1205,6 +1205,48 @@ func TestG7WaiterCancelled(t *testing.T) {
 	}
 }
 
+// TestG7CancelRacesGrant cancels a waiter at the moment the lock is handed
+// to it. Whichever wins, the lock must not stay held by a grant nobody
+// has: either the waiter returns the lease, or it returns ctx's error and
+// the grant it may have got was released.
+func TestG7CancelRacesGrant(t *testing.T) {
+	db, _ := newDB(t)
+	for i := 0; i < 30; i++ {
+		holder := acquire(t, db, "L", time.Hour, nil)
+		ctx, cancel := context.WithCancel(context.Background())
+		type result struct {
+			l   fencekv.Lease
+			err error
+		}
+		got := make(chan result, 1)
+		go func() {
+			l, err := db.Acquire(ctx, "L", time.Hour, &fencekv.AcquireOptions{Wait: time.Hour})
+			got <- result{l, err}
+		}()
+		eventually(t, "the waiter to queue", func() bool { return lockInfo(t, db, "L").Waiters == 1 })
+		go cancel()
+		if err := db.Release(context.Background(), "L", holder.Token); err != nil {
+			t.Fatal(err)
+		}
+		r := <-got
+		switch {
+		case r.err == nil:
+			if in := lockInfo(t, db, "L"); !in.Held || in.Token != r.l.Token {
+				t.Fatalf("round %d: waiter got %+v but the lock is %+v", i, r.l, in)
+			}
+			if err := db.Release(context.Background(), "L", r.l.Token); err != nil {
+				t.Fatal(err)
+			}
+		case errors.Is(r.err, context.Canceled):
+			if in := lockInfo(t, db, "L"); in.Held {
+				t.Fatalf("round %d: cancelled waiter returned but the lock is held: %+v", i, in)
+			}
+		default:
+			t.Fatalf("round %d: waiter = %v", i, r.err)
+		}
+	}
+}
+
 // TestG7WaitTimeout: a wait that runs out is lock_held with the holder and
 // the time to wait.
 func TestG7WaitTimeout(t *testing.T) {
