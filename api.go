@@ -276,7 +276,13 @@ func (db *DB) lockHeld(name string) error {
 	if retry <= 0 {
 		retry = db.opts.MinTTL
 	}
-	return &Error{Code: CodeLockHeld, Holder: in.Holder, Token: in.Token, RetryAfter: retry,
+	// As in an immediate refusal: the holder's token, or 0 when the lock
+	// is only in lock-delay.
+	token := in.Token
+	if !in.Held {
+		token = 0
+	}
+	return &Error{Code: CodeLockHeld, Holder: in.Holder, Token: token, RetryAfter: retry,
 		Message: "lock " + quote(name) + " is still held after the wait"}
 }
 

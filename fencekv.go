@@ -211,6 +211,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 // call's result.
 func (db *DB) Close() error {
 	db.closeOnce.Do(func() {
+		// Apply expiries already due, so that a lease that ran out before
+		// a clean Close does not come back, re-armed, after Open.
+		db.expireDue(db.now())
 		db.sendMu.Lock()
 		db.closed = true
 		close(db.reqs)

@@ -22,7 +22,7 @@ const (
 	CodeTooLarge      Code = "too_large"      // a key, value or message is over its limit
 	CodeBadRequest    Code = "bad_request"    // the request is malformed or its arguments are out of range
 	CodeUnknownMethod Code = "unknown_method" // the wire method does not exist
-	CodeUnavailable   Code = "unavailable"    // the store is closed, shutting down, overloaded, or failed to commit
+	CodeUnavailable   Code = "unavailable"    // the store is closed, shutting down, or failed to commit
 	CodeNotLeader     Code = "not_leader"     // in a cluster, this node is not the leader; Leader is set if known
 	CodeLimitExceeded Code = "limit_exceeded" // a server-side limit (connections, in-flight requests, waiters) is reached
 	CodeInternal      Code = "internal"       // a bug: the server recovered from a panic while serving the request

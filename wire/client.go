@@ -100,7 +100,10 @@ func (c *Client) readLoop() {
 	for {
 		id, r, err := readResponse(dec)
 		if err != nil {
-			c.fail(fmt.Errorf("%w: %v", ErrClientClosed, err))
+			// %w twice: a refusal the server sent before closing (such as
+			// limit_exceeded for too many connections) stays visible to
+			// errors.Is alongside ErrClientClosed.
+			c.fail(fmt.Errorf("%w: %w", ErrClientClosed, err))
 			return
 		}
 		c.mu.Lock()
@@ -135,7 +138,11 @@ func readResponse(dec *msgpack.Decoder) (uint32, response, error) {
 				return 0, response{}, err
 			}
 			if method == "error" && len(params) == 1 {
-				return 0, response{}, fmt.Errorf("server: %v: %v", params[0]["code"], params[0]["message"])
+				// A refusal with its code, so that errors.Is(err,
+				// fencekv.ErrLimitExceeded) works (it was a plain string).
+				code, _ := params[0]["code"].(string)
+				msg, _ := params[0]["message"].(string)
+				return 0, response{}, &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
 			}
 			continue
 		}
@@ -161,50 +168,54 @@ func readResponse(dec *msgpack.Decoder) (uint32, response, error) {
 // out (a pointer, or nil). It is the escape hatch for methods this client
 // has no wrapper for; the wrappers below use it.
 func (c *Client) Call(ctx context.Context, method string, params map[string]any, out any) error {
-	ch := make(chan response, 1)
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		return err
-	}
-	c.mu.Unlock()
-
-	c.wmu.Lock()
-	c.next++
-	id := c.next
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		c.wmu.Unlock()
-		return err
-	}
-	c.pending[id] = ch
-	c.mu.Unlock()
-	err := c.writeRequest(id, method, params)
-	c.wmu.Unlock()
+	id, ch, err := c.start(method, params)
 	if err != nil {
-		c.fail(fmt.Errorf("%w: %v", ErrClientClosed, err))
-		c.nc.Close()
-		return fmt.Errorf("%w: %v", ErrClientClosed, err)
+		return err
 	}
-
 	select {
 	case r, ok := <-ch:
-		if !ok {
-			c.mu.Lock()
-			err := c.err
-			c.mu.Unlock()
-			return err
-		}
-		return decodeResponse(r, out)
+		return c.finish(r, ok, out)
 	case <-ctx.Done():
 		c.mu.Lock()
 		delete(c.pending, id)
 		c.mu.Unlock()
 		return ctx.Err()
 	}
+}
+
+// start sends a request and returns the channel its response will arrive
+// on (closed if the connection breaks first).
+func (c *Client) start(method string, params map[string]any) (uint32, chan response, error) {
+	ch := make(chan response, 1)
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.next++
+	id := c.next
+	c.mu.Lock()
+	if c.err != nil {
+		err := c.err
+		c.mu.Unlock()
+		return 0, nil, err
+	}
+	c.pending[id] = ch
+	c.mu.Unlock()
+	if err := c.writeRequest(id, method, params); err != nil {
+		err = fmt.Errorf("%w: %v", ErrClientClosed, err)
+		c.fail(err)
+		c.nc.Close()
+		return 0, nil, err
+	}
+	return id, ch, nil
+}
+
+// finish decodes a response received from start's channel.
+func (c *Client) finish(r response, ok bool, out any) error {
+	if !ok {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		return c.err
+	}
+	return decodeResponse(r, out)
 }
 
 // writeRequest writes [0, id, method, [params]] and flushes. Called with
@@ -283,6 +294,16 @@ func writeParams(key []byte, w fencekv.WriteOptions) map[string]any {
 	return p
 }
 
+// nonNil makes a nil value an empty one: msgpack encodes a nil []byte as
+// nil, which the server reads as a missing "value" (a Put of nil used to be
+// refused with bad_request, unlike fencekv.DB.Put).
+func nonNil(v []byte) []byte {
+	if v == nil {
+		return []byte{}
+	}
+	return v
+}
+
 type writeResult struct {
 	Fence    uint64 `msgpack:"fence"`
 	Revision uint64 `msgpack:"revision"`
@@ -323,7 +344,7 @@ func (c *Client) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
 // Put writes value to key; see fencekv.DB.Put.
 func (c *Client) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
 	p := writeParams(key, w)
-	p["value"] = value
+	p["value"] = nonNil(value)
 	var r writeResult
 	err := c.Call(ctx, "put", p, &r)
 	return r.result(), err
@@ -340,7 +361,7 @@ func (c *Client) Delete(ctx context.Context, key []byte, w fencekv.WriteOptions)
 func (c *Client) CAS(ctx context.Context, key []byte, rev fencekv.Revision, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
 	p := writeParams(key, w)
 	p["revision"] = uint64(rev)
-	p["value"] = value
+	p["value"] = nonNil(value)
 	var r writeResult
 	err := c.Call(ctx, "cas", p, &r)
 	return r.result(), err
@@ -390,29 +411,57 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 }
 
 // Acquire takes the lock; see fencekv.DB.Acquire. With o.Wait > 0 the
-// call blocks on the server (without holding up other calls on this
-// client) until granted or the wait ends; ctx ending gives up the wait.
+// call queues on the server (without holding up other calls on this
+// client) until granted or the wait ends; the wait is shortened to ctx's
+// deadline. If ctx ends first, Acquire returns ctx's error at once, and a
+// grant that still arrives later is released, so the lock is not stuck with
+// a holder that gave up.
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, error) {
 	p := map[string]any{"lock": name, "ttl_ms": ttl.Milliseconds()}
+	var wait time.Duration
 	if o != nil {
 		if o.Holder != "" {
 			p["holder"] = o.Holder
 		}
-		if o.Wait > 0 {
-			p["wait_ms"] = o.Wait.Milliseconds()
+		wait = o.Wait
+		if d, ok := ctx.Deadline(); ok && wait > 0 {
+			wait = min(wait, time.Until(d))
+		}
+		if wait > 0 {
+			p["wait_ms"] = max(wait.Milliseconds(), 1)
 		}
 		if o.LockDelay > 0 {
 			p["lock_delay_ms"] = o.LockDelay.Milliseconds()
 		}
 	}
-	var r struct {
+	type granted struct {
 		Token uint64 `msgpack:"token"`
 		TTLMs int64  `msgpack:"ttl_ms"`
 	}
-	if err := c.Call(ctx, "acquire", p, &r); err != nil {
+	_, ch, err := c.start("acquire", p)
+	if err != nil {
 		return fencekv.Lease{}, err
 	}
-	return fencekv.Lease{Name: name, Token: fencekv.Token(r.Token), TTL: time.Duration(r.TTLMs) * time.Millisecond}, nil
+	var g granted
+	select {
+	case r, ok := <-ch:
+		if err := c.finish(r, ok, &g); err != nil {
+			return fencekv.Lease{}, err
+		}
+		return fencekv.Lease{Name: name, Token: fencekv.Token(g.Token), TTL: time.Duration(g.TTLMs) * time.Millisecond}, nil
+	case <-ctx.Done():
+		go func() {
+			// The response still comes (the channel stays registered);
+			// if it is a grant, nobody will use it: release it.
+			r, ok := <-ch
+			if ok && decodeResponse(r, &g) == nil && g.Token != 0 {
+				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				defer cancel()
+				c.Release(rctx, name, fencekv.Token(g.Token))
+			}
+		}()
+		return fencekv.Lease{}, ctx.Err()
+	}
 }
 
 // Renew gives the lease its full TTL again; see fencekv.DB.Renew.

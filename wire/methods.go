@@ -37,8 +37,14 @@ func need(a *args, names ...string) error {
 	return nil
 }
 
-func (a *args) write() fencekv.WriteOptions {
-	return fencekv.WriteOptions{Token: fencekv.Token(a.token), Strict: a.strict, Lock: a.lock}
+// write returns the fencing options of a write. A "lock" that is present
+// but empty is refused rather than read as "no lock": a client that meant a
+// held write must not silently get an unheld one.
+func (a *args) write() (fencekv.WriteOptions, error) {
+	if a.has["lock"] && a.lock == "" {
+		return fencekv.WriteOptions{}, badRequest("param \"lock\" is empty")
+	}
+	return fencekv.WriteOptions{Token: fencekv.Token(a.token), Strict: a.strict, Lock: a.lock}, nil
 }
 
 func (e *encoder) written(r fencekv.WriteResult, extra int) {
@@ -78,7 +84,11 @@ func put(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, "key", "value"); err != nil {
 		return err
 	}
-	r, err := eng.Put(ctx, a.key, a.value, a.write())
+	w, err := a.write()
+	if err != nil {
+		return err
+	}
+	r, err := eng.Put(ctx, a.key, a.value, w)
 	if err != nil {
 		return err
 	}
@@ -90,7 +100,11 @@ func del(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, "key"); err != nil {
 		return err
 	}
-	deleted, r, err := eng.Delete(ctx, a.key, a.write())
+	w, err := a.write()
+	if err != nil {
+		return err
+	}
+	deleted, r, err := eng.Delete(ctx, a.key, w)
 	if err != nil {
 		return err
 	}
@@ -103,7 +117,11 @@ func cas(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, "key", "revision", "value"); err != nil {
 		return err
 	}
-	r, err := eng.CAS(ctx, a.key, fencekv.Revision(a.revision), a.value, a.write())
+	w, err := a.write()
+	if err != nil {
+		return err
+	}
+	r, err := eng.CAS(ctx, a.key, fencekv.Revision(a.revision), a.value, w)
 	if err != nil {
 		return err
 	}
@@ -115,7 +133,11 @@ func incr(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, "key", "delta"); err != nil {
 		return err
 	}
-	n, r, err := eng.Incr(ctx, a.key, a.delta, a.write())
+	w, err := a.write()
+	if err != nil {
+		return err
+	}
+	n, r, err := eng.Incr(ctx, a.key, a.delta, w)
 	if err != nil {
 		return err
 	}

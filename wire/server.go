@@ -244,7 +244,11 @@ func (s *Server) forget(c *conn) {
 type conn struct {
 	s      *Server
 	nc     net.Conn
-	ctx    context.Context // cancelled when the connection closes: drops its queued acquires
+	// waits is cancelled when the connection stops reading (it closed, or
+	// the server is shutting down): it ends the connection's blocked
+	// acquires. Other requests are not cancelled: once read, they are
+	// applied and answered.
+	waits  context.Context
 	cancel context.CancelFunc
 
 	slots    chan struct{} // one per in-flight request
@@ -259,7 +263,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
 		out:   make(chan *encoder, s.cfg.MaxInFlight+1),
 	}
-	c.ctx, c.cancel = context.WithCancel(s.base)
+	c.waits, c.cancel = context.WithCancel(s.base)
 	return c
 }
 
@@ -273,11 +277,15 @@ func (c *conn) serve() {
 	writerDone := make(chan struct{})
 	go c.writeLoop(writerDone)
 	c.readLoop()
-	// No more requests: wait for the handlers, then let the writer drain.
+	// No more requests will come: end this connection's blocked acquires
+	// now (their callers are gone, or the server is shutting down), so
+	// that no grant goes to a waiter nobody will release. Other requests
+	// in flight still finish.
+	c.cancel()
+	// Wait for the handlers, then let the writer drain.
 	c.handlers.Wait()
 	close(c.out)
 	<-writerDone
-	c.cancel()
 	c.nc.Close()
 }
 
@@ -344,11 +352,12 @@ func (c *conn) handle(m message) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.s.log.Error("panic serving request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
-			if m.typ == typeRequest {
-				c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("internal error serving %s", m.method)})
-			}
+			// send was not reached (it cannot panic), so the slot is still
+			// held: finish frees it and answers a request.
+			e := encoderPool.Get().(*encoder)
+			e.response(m.msgid)
+			c.finish(m, e, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("internal error serving %s", m.method)})
 		}
-		<-c.slots
 		c.handlers.Done()
 	}()
 	e := encoderPool.Get().(*encoder)
@@ -367,9 +376,13 @@ func (c *conn) handle(m message) {
 	// The result is written after the nil error slot; on a refusal the
 	// response is rewritten with the error and a nil result.
 	e.EncodeNil()
-	if err := call(c.ctx, c.s.eng, &a, e); err != nil {
+	ctx := context.Background()
+	if m.method == "acquire" {
+		ctx = c.waits
+	}
+	if err := call(ctx, c.s.eng, &a, e); err != nil {
 		e.response(m.msgid)
-		c.finish(m, e, asError(shutdownError(c.ctx, err)))
+		c.finish(m, e, asError(shutdownError(ctx, err)))
 		return
 	}
 	c.send(m, e)
@@ -391,7 +404,14 @@ func (c *conn) finish(m message, e *encoder, err *fencekv.Error) {
 	c.send(m, e)
 }
 
+// send frees the request's in-flight slot and queues its response. Every
+// path through handle ends here exactly once.
 func (c *conn) send(m message, e *encoder) {
+	// The slot is freed before the answer can reach the client. It used to
+	// be freed after, so a client that sent its next request as soon as it
+	// had an answer could find the slot still taken and be refused with
+	// limit_exceeded while it had nothing in flight.
+	<-c.slots
 	if m.typ != typeRequest {
 		encoderPool.Put(e)
 		return
