@@ -42,9 +42,10 @@
 // Tokens are compared, not authenticated: a caller that writes with a huge
 // token it invented fences that key against every real holder. Waiter
 // queues live in memory: a restart drops them (their callers get an error).
-// An expired lock's record is kept until the lock is acquired again, so
-// that a late holder is told lease_expired; lock names are therefore not
-// free to use in unbounded numbers. Only one process may open a data dir.
+// An expired lock's record is kept for lease.Retention (10 minutes) after
+// the lock became free, or until it is acquired again, so that a late
+// holder is told lease_expired; after that it is told not_holder. Only one
+// process may open a data dir.
 //
 // The engine is the root package, not a package of its own, so that
 // embedding programs write fencekv.Open and errors.Is(err,

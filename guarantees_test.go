@@ -17,6 +17,7 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/fencekvtest"
+	"github.com/fencekv/fencekv/lease"
 )
 
 // openDB opens an engine on a fake clock in dir (a new temp dir if empty),
@@ -612,9 +613,20 @@ func TestG4HeldWrites(t *testing.T) {
 			l := acquire(t, db, "L", time.Second, nil)
 			clock.Advance(time.Second)
 			eventually(t, "the expiry to be applied", func() bool { return status(t, db).Locks == 0 })
-			clock.Advance(time.Hour)
+			clock.Advance(lease.Retention / 2)
 			return l.Token, "L"
 		}, fencekv.CodeLeaseExpired, func(l fencekv.Token) fencekv.Token { return l }},
+		{"expired past the record's retention", func(t *testing.T, db *fencekv.DB, clock *fencekvtest.Clock) (fencekv.Token, string) {
+			l := acquire(t, db, "L", time.Second, nil)
+			clock.Advance(time.Second)
+			eventually(t, "the expiry to be applied", func() bool { return status(t, db).Locks == 0 })
+			clock.Advance(lease.Retention)
+			eventually(t, "the record to be forgotten", func() bool {
+				in, err := db.LockInfo(context.Background(), "L")
+				return err == nil && in.Token == 0
+			})
+			return l.Token, "L"
+		}, fencekv.CodeNotHolder, func(fencekv.Token) fencekv.Token { return 0 }},
 		{"never acquired", func(t *testing.T, db *fencekv.DB, _ *fencekvtest.Clock) (fencekv.Token, string) {
 			return 1, "L"
 		}, fencekv.CodeNotHolder, func(fencekv.Token) fencekv.Token { return 0 }},

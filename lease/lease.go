@@ -250,10 +250,12 @@ func (m *Manager) Release(st Store, now time.Duration, name string, token kv.Tok
 }
 
 // Expire applies what is due on name at now: a lease past its deadline
-// expires (entering lock-delay if it asked for one), and a lock-delay that
-// has passed ends. It reports whether the lock became acquirable, so the
-// caller can hand it to a waiter. An expired lease's record is kept, so its
-// holder is told lease_expired rather than not_holder.
+// expires (entering lock-delay if it asked for one), a lock-delay that has
+// passed ends, and the record of an expired lock that has been free for
+// Retention is deleted. It reports whether the lock became acquirable, so
+// the caller can hand it to a waiter. Until it is deleted, an expired
+// lease's record tells its late holder lease_expired rather than
+// not_holder.
 func (m *Manager) Expire(st Store, now time.Duration, name string) (freed bool, err error) {
 	r, ok, err := load(st, name)
 	if err != nil || !ok {
@@ -268,29 +270,39 @@ func (m *Manager) Expire(st Store, now time.Duration, name string) (freed bool, 
 		r.DelayUntil = r.delayEnd()
 		r.Expired = true
 		m.addHeld(-1)
-	case r.DelayUntil == 0:
-		m.unsetDue(name)
-		return false, nil
-	case now < r.DelayUntil:
+	case r.DelayUntil != 0 && now < r.DelayUntil:
 		m.setDue(name, r.DelayUntil)
 		return false, nil
+	case r.DelayUntil == 0:
+		// Expired and free: forget it when its retention has passed.
+		if now < r.ForgetAt {
+			m.setDue(name, r.ForgetAt)
+			return false, nil
+		}
+		m.unsetDue(name)
+		return false, st.DeleteLock([]byte(name))
 	}
 	if r.DelayUntil != 0 && now >= r.DelayUntil {
 		r.DelayUntil = 0
 	}
+	if r.DelayUntil == 0 {
+		r.ForgetAt = now + Retention
+		freed = true
+	}
 	if err := store(st, name, &r); err != nil {
 		return false, err
 	}
-	if r.DelayUntil != 0 {
+	if freed {
+		m.setDue(name, r.ForgetAt)
+	} else {
 		m.setDue(name, r.DelayUntil)
-		return false, nil
 	}
-	m.unsetDue(name)
-	return true, nil
+	return freed, nil
 }
 
 // Rearm gives every live lease its full TTL from now, and every lock in
-// lock-delay its full delay from now (G7: a failure may extend a lease,
+// lock-delay its full delay from now, and every expired record its full
+// Retention (G7: a failure may extend a lease,
 // never shorten it). It rebuilds the deadline index and the held count. It
 // is applied once when a store is opened, and when a node becomes leader.
 func (m *Manager) Rearm(st Store, now time.Duration) error {
@@ -312,7 +324,7 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 		case r.DelayUntil != 0:
 			r.DelayUntil = now + r.LockDelay
 		default:
-			return true
+			r.ForgetAt = now + Retention
 		}
 		changes = append(changes, change{string(name), r})
 		return true
@@ -328,9 +340,12 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 		if err := store(st, c.name, &c.rec); err != nil {
 			return err
 		}
-		if c.rec.Expired {
+		switch {
+		case c.rec.Expired && c.rec.DelayUntil != 0:
 			m.setDue(c.name, c.rec.DelayUntil)
-		} else {
+		case c.rec.Expired:
+			m.setDue(c.name, c.rec.ForgetAt)
+		default:
 			m.addHeld(1)
 			m.setDue(c.name, c.rec.Deadline)
 		}

@@ -421,8 +421,8 @@ func TestExpire(t *testing.T) {
 		if expire(2*time.Second, "A") {
 			t.Fatalf("a second Expire freed the lock again")
 		}
-		if got := m.Due(time.Hour, 10); len(got) != 0 {
-			t.Fatalf("due after expiry = %v; want none", got)
+		if at, ok := m.Next(); !ok || at != time.Second+Retention {
+			t.Fatalf("Next after expiry = %v, %v; want the end of the retention, %v", at, ok, time.Second+Retention)
 		}
 		// The record is kept, so the late holder hears lease_expired.
 		var err error
@@ -431,6 +431,18 @@ func TestExpire(t *testing.T) {
 		if in := info(t, s, m, 2*time.Second, "A"); in.Held || in.Token != g.Token || in.TTL != 0 || in.Delay != 0 {
 			t.Fatalf("info = %+v; want free, token %d", in, g.Token)
 		}
+		// Once free for Retention, the record is forgotten.
+		if expire(time.Second+Retention-1, "A"); rawRecord(t, s, "A") == nil {
+			t.Fatalf("the record was deleted before its retention ended")
+		}
+		if expire(time.Second+Retention, "A"); rawRecord(t, s, "A") != nil {
+			t.Fatalf("the record outlived its retention")
+		}
+		if _, ok := m.Next(); ok {
+			t.Fatalf("a forgotten lock is still in the deadline index")
+		}
+		_ = s.View(func(tx *kv.Tx) error { err = m.Check(tx, time.Second+Retention, "A", g.Token); return nil })
+		wantCode(t, err, kv.CodeNotHolder)
 	})
 
 	t.Run("lock delay", func(t *testing.T) {

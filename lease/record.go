@@ -21,9 +21,20 @@ type Record struct {
 	Deadline   time.Duration // the lease runs out at this time
 	Expired    bool          // the lease ran out (it was not released)
 	DelayUntil time.Duration // nonzero: in lock-delay until this time
+	ForgetAt   time.Duration // an expired, free lock's record is deleted at this time
 }
 
-const recordVersion = 1
+// Retention is how long the record of a lock whose lease expired is kept
+// once the lock is free: until then its late holder is told lease_expired
+// (after it, not_holder), and then the record is deleted, so that lock
+// names used once do not pile up.
+const Retention = 10 * time.Minute
+
+const (
+	recordVersion = 2
+	recordFields  = 6 // uint64 fields after the version and flag bytes
+	recordHeader  = 2 + recordFields*8
+)
 
 // held reports whether the lease is live at now.
 func (r *Record) held(now time.Duration) bool {
@@ -43,7 +54,7 @@ func (r *Record) delayEnd() time.Duration {
 }
 
 func (r *Record) marshal() []byte {
-	b := make([]byte, 2, 2+5*8+len(r.Holder))
+	b := make([]byte, 2, recordHeader+len(r.Holder))
 	b[0] = recordVersion
 	if r.Expired {
 		b[1] = 1
@@ -53,14 +64,15 @@ func (r *Record) marshal() []byte {
 	b = binary.BigEndian.AppendUint64(b, uint64(r.LockDelay))
 	b = binary.BigEndian.AppendUint64(b, uint64(r.Deadline))
 	b = binary.BigEndian.AppendUint64(b, uint64(r.DelayUntil))
+	b = binary.BigEndian.AppendUint64(b, uint64(r.ForgetAt))
 	return append(b, r.Holder...)
 }
 
 func unmarshal(b []byte) (Record, error) {
 	// Check the length before reading the version byte: an empty record
 	// must be reported as bad, not index out of range.
-	if len(b) < 2+5*8 {
-		return Record{}, fmt.Errorf("lease: bad record (%d bytes, want at least %d)", len(b), 2+5*8)
+	if len(b) < recordHeader {
+		return Record{}, fmt.Errorf("lease: bad record (%d bytes, want at least %d)", len(b), recordHeader)
 	}
 	if b[0] != recordVersion {
 		return Record{}, fmt.Errorf("lease: bad record (version %d, want %d)", b[0], recordVersion)
@@ -73,6 +85,7 @@ func unmarshal(b []byte) (Record, error) {
 		LockDelay:  time.Duration(u(2)),
 		Deadline:   time.Duration(u(3)),
 		DelayUntil: time.Duration(u(4)),
-		Holder:     string(b[2+5*8:]),
+		ForgetAt:   time.Duration(u(5)),
+		Holder:     string(b[recordHeader:]),
 	}, nil
 }

@@ -28,7 +28,7 @@ Runs against a live server and exits non-zero if any stale write was accepted:
     put. Each counter must equal exactly its acknowledged updates.
 
 Scratch keys and locks live under verify/<random>/ and are deleted at the end
-(deleted keys keep their fences; expired lock records stay until reused).`,
+(deleted keys keep their fences; expired lock records go after 10 minutes).`,
 		Flags: flags(clientFlags(), []cli.Flag{
 			&cli.IntFlag{Name: "rounds", Value: verify.Defaults.Rounds, Usage: "pause-injection rounds"},
 			&cli.DurationFlag{Name: "ttl", Value: verify.Defaults.TTL, Usage: "lease length of the rounds and the inventory run"},
