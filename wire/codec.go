@@ -85,6 +85,42 @@ func badRequest(format string, args ...any) *fencekv.Error {
 	return &fencekv.Error{Code: fencekv.CodeBadRequest, Message: fmt.Sprintf(format, args...)}
 }
 
+// field names one named argument, as a bit of args.has.
+type field uint32
+
+const (
+	fKey field = 1 << iota
+	fValue
+	fPrefix
+	fStart
+	fLock
+	fHolder
+	fToken
+	fRevision
+	fDelta
+	fLimit
+	fTTL
+	fWait
+	fLockDelay
+	fStrict
+)
+
+// fields maps the protocol's param names to their bits.
+var fields = map[string]field{
+	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
+	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
+	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict,
+}
+
+func (f field) String() string {
+	for name, bit := range fields {
+		if bit == f {
+			return name
+		}
+	}
+	return "?"
+}
+
 // args are the named arguments of every method. has records which were
 // given (and not nil).
 type args struct {
@@ -94,7 +130,7 @@ type args struct {
 	delta, limit              int64
 	ttlMs, waitMs, delayMs    int64
 	strict                    bool
-	has                       map[string]bool
+	has                       field
 }
 
 // parseArgs decodes the params map. Unknown fields are ignored, so newer
@@ -118,48 +154,45 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			dec.Skip()
 			continue
 		}
-		if a.has == nil {
-			a.has = make(map[string]bool, n)
-		}
-		a.has[name] = true
-		switch name {
-		case "key":
+		f := fields[name]
+		a.has |= f
+		switch f {
+		case fKey:
 			a.key, err = decodeBytes(dec)
-		case "value":
+		case fValue:
 			a.value, err = decodeBytes(dec)
-		case "prefix":
+		case fPrefix:
 			a.prefix, err = decodeBytes(dec)
-		case "start":
+		case fStart:
 			a.start, err = decodeBytes(dec)
-		case "lock":
+		case fLock:
 			var b []byte
 			b, err = decodeBytes(dec)
 			a.lock = string(b)
-		case "holder":
+		case fHolder:
 			var b []byte
 			b, err = decodeBytes(dec)
 			a.holder = string(b)
-		case "token":
+		case fToken:
 			a.token, err = decodeUint(dec)
-		case "revision":
+		case fRevision:
 			a.revision, err = decodeUint(dec)
-		case "delta":
+		case fDelta:
 			a.delta, err = decodeInt(dec)
-		case "limit":
+		case fLimit:
 			a.limit, err = decodeInt(dec)
-		case "ttl_ms":
+		case fTTL:
 			a.ttlMs, err = decodeInt(dec)
-		case "wait_ms":
+		case fWait:
 			a.waitMs, err = decodeInt(dec)
-		case "lock_delay_ms":
+		case fLockDelay:
 			a.delayMs, err = decodeInt(dec)
-		case "strict":
+		case fStrict:
 			a.strict, err = dec.DecodeBool()
 			if err != nil {
 				err = errors.New("want a boolean")
 			}
 		default:
-			delete(a.has, name)
 			err = dec.Skip()
 		}
 		if err != nil {

@@ -28,10 +28,10 @@ var methods = map[string]method{
 	"status":    status,
 }
 
-func need(a *args, names ...string) error {
-	for _, n := range names {
-		if !a.has[n] {
-			return badRequest("missing param %q", n)
+func need(a *args, fs ...field) error {
+	for _, f := range fs {
+		if a.has&f == 0 {
+			return badRequest("missing param %q", f)
 		}
 	}
 	return nil
@@ -41,7 +41,7 @@ func need(a *args, names ...string) error {
 // but empty is refused rather than read as "no lock": a client that meant a
 // held write must not silently get an unheld one.
 func (a *args) write() (fencekv.WriteOptions, error) {
-	if a.has["lock"] && a.lock == "" {
+	if a.has&fLock != 0 && a.lock == "" {
 		return fencekv.WriteOptions{}, badRequest("param \"lock\" is empty")
 	}
 	return fencekv.WriteOptions{Token: fencekv.Token(a.token), Strict: a.strict, Lock: a.lock}, nil
@@ -60,7 +60,7 @@ func ping(_ context.Context, _ Engine, _ *args, e *encoder) error {
 }
 
 func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "key"); err != nil {
+	if err := need(a, fKey); err != nil {
 		return err
 	}
 	en, err := eng.Get(ctx, a.key)
@@ -81,7 +81,7 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func put(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "key", "value"); err != nil {
+	if err := need(a, fKey, fValue); err != nil {
 		return err
 	}
 	w, err := a.write()
@@ -97,7 +97,7 @@ func put(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func del(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "key"); err != nil {
+	if err := need(a, fKey); err != nil {
 		return err
 	}
 	w, err := a.write()
@@ -114,7 +114,7 @@ func del(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func cas(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "key", "revision", "value"); err != nil {
+	if err := need(a, fKey, fRevision, fValue); err != nil {
 		return err
 	}
 	w, err := a.write()
@@ -130,7 +130,7 @@ func cas(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func incr(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "key", "delta"); err != nil {
+	if err := need(a, fKey, fDelta); err != nil {
 		return err
 	}
 	w, err := a.write()
@@ -176,7 +176,7 @@ func clampInt(n int64) int64 {
 }
 
 func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "lock", "ttl_ms"); err != nil {
+	if err := need(a, fLock, fTTL); err != nil {
 		return err
 	}
 	l, err := eng.Acquire(ctx, a.lock, ms(a.ttlMs), &fencekv.AcquireOptions{
@@ -194,7 +194,7 @@ func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "lock", "token"); err != nil {
+	if err := need(a, fLock, fToken); err != nil {
 		return err
 	}
 	ttl, err := eng.Renew(ctx, a.lock, fencekv.Token(a.token))
@@ -207,7 +207,7 @@ func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "lock", "token"); err != nil {
+	if err := need(a, fLock, fToken); err != nil {
 		return err
 	}
 	if err := eng.Release(ctx, a.lock, fencekv.Token(a.token)); err != nil {
@@ -218,7 +218,7 @@ func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func lockInfo(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, "lock"); err != nil {
+	if err := need(a, fLock); err != nil {
 		return err
 	}
 	in, err := eng.LockInfo(ctx, a.lock)

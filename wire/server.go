@@ -270,7 +270,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 // stopReading makes the read loop end at its next read. Called with s.mu held.
 func (c *conn) stopReading() { c.nc.SetReadDeadline(time.Now()) }
 
-var encoderPool = sync.Pool{New: func() any { return newEncoder() }}
+var (
+	encoderPool = sync.Pool{New: func() any { return newEncoder() }}
+	decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
+)
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
@@ -363,8 +366,10 @@ func (c *conn) handle(m message) {
 	e := encoderPool.Get().(*encoder)
 	e.response(m.msgid)
 	var a args
-	dec := msgpack.NewDecoder(nil)
-	if err := parseArgs(dec, m.params, &a); err != nil {
+	dec := decoderPool.Get().(*msgpack.Decoder)
+	err := parseArgs(dec, m.params, &a)
+	decoderPool.Put(dec)
+	if err != nil {
 		c.finish(m, e, asError(err))
 		return
 	}

@@ -9,6 +9,7 @@ import (
 	"net"
 	"os"
 	"os/signal"
+	"runtime/pprof"
 	"strings"
 	"syscall"
 	"time"
@@ -48,6 +49,7 @@ Example:
 			&cli.DurationFlag{Name: "shutdown-timeout", Value: 10 * time.Second, EnvVars: env("SHUTDOWN_TIMEOUT"), Usage: "how long a graceful shutdown waits for in-flight requests"},
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: env("LOG_FORMAT"), Usage: "text or json"},
+			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile to `FILE` until shutdown (for performance work)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -70,6 +72,19 @@ Example:
 			wc.MaxConns = c.Int("max-conns")
 			wc.MaxInFlight = c.Int("max-in-flight")
 
+			if f := c.String("cpu-profile"); f != "" {
+				out, err := os.Create(f)
+				if err != nil {
+					return err
+				}
+				if err := pprof.StartCPUProfile(out); err != nil {
+					return err
+				}
+				defer func() {
+					pprof.StopCPUProfile()
+					out.Close()
+				}()
+			}
 			ctx, stop := shutdownSignals(c.Context, log)
 			defer stop()
 			return serve(ctx, log, c.String("data"), c.String("listen"), o, wc, c.Duration("shutdown-timeout"), nil)
