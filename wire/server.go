@@ -242,8 +242,8 @@ func (s *Server) forget(c *conn) {
 // a handler goroutine per request, and a write loop that sends the
 // responses, flushing once no more are ready.
 type conn struct {
-	s      *Server
-	nc     net.Conn
+	s  *Server
+	nc net.Conn
 	// waits is cancelled when the connection stops reading (it closed, or
 	// the server is shutting down): it ends the connection's blocked
 	// acquires. Other requests are not cancelled: once read, they are
