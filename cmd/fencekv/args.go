@@ -61,7 +61,19 @@ func reorder(app *cli.App, args []string) []string {
 			}
 		}
 	}
+	for _, f := range flags {
+		if f == "-h" || f == "--help" || f == "-help" {
+			// "put k v --help": help for the command, not for a topic "k".
+			return append(out, f)
+		}
+	}
 	out = append(out, flags...)
+	if len(tail) > 0 {
+		// "put k -- -x": the flag parser honours "--" only before the
+		// first positional argument, so it goes in front of them all.
+		out = append(out, "--")
+		tail = tail[1:]
+	}
 	out = append(out, positional...)
 	return append(out, tail...)
 }

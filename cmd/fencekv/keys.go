@@ -24,7 +24,7 @@ func flags(groups ...[]cli.Flag) []cli.Flag {
 func nargs(c *cli.Context, min, max int) error {
 	n := c.NArg()
 	if n < min || n > max {
-		return usagef("%s: want %s (see 'fencekv %s --help')", c.Command.Name, c.Command.ArgsUsage, c.Command.FullName())
+		return usagef("%s: want %s (see '%s --help')", c.Command.Name, c.Command.ArgsUsage, c.Command.HelpName)
 	}
 	return nil
 }
