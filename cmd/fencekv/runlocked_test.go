@@ -200,6 +200,12 @@ func TestRunLockedServerPaused(t *testing.T) {
 	s.signal(t, syscall.SIGSTOP)
 	paused := time.Now()
 	t.Cleanup(func() { syscall.Kill(s.cmd.Process.Pid, syscall.SIGCONT) })
+	// A client command gives up on the silent server after --timeout.
+	start := time.Now()
+	c.fails(exitError, "get", "k", "--timeout", "300ms")
+	if d := time.Since(start); d > 2*time.Second {
+		t.Errorf("get --timeout 300ms took %v", d)
+	}
 	for _, p := range []*proc{polite, stubborn} {
 		r := p.wait(t, 10*time.Second)
 		wantEqual(t, "run-locked exit status", r.code, exitFenced)
@@ -294,4 +300,44 @@ done`)
 	wantGone(t, pid)
 	// run-locked did not release the newer holder's lock.
 	wantFields(t, sc.jsonOK("lock", "info", "report"), map[string]any{"held": true, "token": int(newer)})
+}
+
+// TestRunLockedForwardsSignals: SIGTERM to run-locked goes to the command;
+// run-locked exits with the command's status and releases the lock.
+func TestRunLockedForwardsSignals(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir)
+	p := c.start("run-locked", "sig", "--", "sh", "-c",
+		`trap 'echo got TERM; exit 42' TERM; echo $$ $FENCEKV_TOKEN > "$DIR/pid"; sleep 30 & wait`)
+	childInfo(t, filepath.Join(dir, "pid"))
+	if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(t, 10*time.Second)
+	wantEqual(t, "run-locked exit status", r.code, 42)
+	wantEqual(t, "command output", r.stdout, "got TERM\n")
+	wantFields(t, c.jsonOK("lock", "info", "sig"), map[string]any{"held": false})
+}
+
+// TestRunLockedServerKilled: the server dies (SIGKILL) while the command
+// runs; with no renew possible, run-locked stops the command within about
+// the TTL and exits 3.
+func TestRunLockedServerKilled(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir)
+	p := c.start("run-locked", "gone", "--ttl", "1s", "--", "sh", "-c", recordAndSleep)
+	pid, _ := childInfo(t, filepath.Join(dir, "gone"))
+	s.kill()
+	killed := time.Now()
+	r := p.wait(t, 10*time.Second)
+	wantEqual(t, "run-locked exit status", r.code, exitFenced)
+	wantContains(t, "run-locked stderr", r.stderr, "lease lost")
+	if d := time.Since(killed); d > 3*time.Second {
+		t.Errorf("command stopped %v after the server died, want about the TTL (1s)", d)
+	}
+	wantGone(t, pid)
 }
