@@ -11,6 +11,7 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
 // ErrClientClosed is returned by calls on a closed Client, and by calls in
@@ -33,14 +34,18 @@ type Client struct {
 	next uint32
 
 	mu      sync.Mutex // guards pending, err
-	pending map[uint32]chan response
+	pending map[uint32]*call
 	err     error // set once the connection is broken or closed
 
 	done chan struct{} // closed when the read loop ends
 }
 
-type response struct {
-	errRaw, resRaw msgpack.RawMessage
+// call is a request waiting for its response. The read loop decodes the
+// result straight from the stream with decode (into the caller's
+// variables), then sends the outcome on done.
+type call struct {
+	decode func(*msgpack.Decoder) error // nil: skip the result
+	done   chan error                   // buffered; closed if the connection breaks first
 }
 
 // Dial connects to a fencekv server at addr (host:port).
@@ -57,7 +62,7 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 		nc:      nc,
 		addr:    addr,
 		bw:      bufio.NewWriter(nc),
-		pending: make(map[uint32]chan response),
+		pending: make(map[uint32]*call),
 		done:    make(chan struct{}),
 	}
 	c.enc = msgpack.NewEncoder(c.bw)
@@ -88,9 +93,9 @@ func (c *Client) fail(err error) {
 		return
 	}
 	c.err = err
-	for id, ch := range c.pending {
+	for id, p := range c.pending {
 		delete(c.pending, id)
-		close(ch)
+		close(p.done)
 	}
 }
 
@@ -98,95 +103,187 @@ func (c *Client) readLoop() {
 	defer close(c.done)
 	dec := msgpack.NewDecoder(bufio.NewReaderSize(c.nc, 64<<10))
 	for {
-		id, r, err := readResponse(dec)
-		if err != nil {
+		if err := c.readResponse(dec); err != nil {
 			// %w twice: a refusal the server sent before closing (such as
 			// limit_exceeded for too many connections) stays visible to
 			// errors.Is alongside ErrClientClosed.
 			c.fail(fmt.Errorf("%w: %w", ErrClientClosed, err))
 			return
 		}
-		c.mu.Lock()
-		ch := c.pending[id]
-		delete(c.pending, id)
-		c.mu.Unlock()
-		if ch != nil {
-			ch <- r
-		}
 	}
 }
 
-// readResponse reads the next response, skipping notifications (a server
-// sends one, "error", before closing a connection it refuses).
-func readResponse(dec *msgpack.Decoder) (uint32, response, error) {
-	for {
-		n, err := dec.DecodeArrayLen()
-		if err != nil {
-			return 0, response{}, err
-		}
-		typ, err := dec.DecodeInt()
-		if err != nil {
-			return 0, response{}, err
-		}
-		if typ == typeNotification && n == 3 {
-			var method string
-			var params []map[string]any
-			if err := dec.Decode(&method); err != nil {
-				return 0, response{}, err
-			}
-			if err := dec.Decode(&params); err != nil {
-				return 0, response{}, err
-			}
-			if method == "error" && len(params) == 1 {
-				// A refusal with its code, so that errors.Is(err,
-				// fencekv.ErrLimitExceeded) works (it was a plain string).
-				code, _ := params[0]["code"].(string)
-				msg, _ := params[0]["message"].(string)
-				return 0, response{}, &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
-			}
-			continue
-		}
-		if typ != typeResponse || n != 4 {
-			return 0, response{}, fmt.Errorf("unexpected message type %d", typ)
-		}
-		id, err := dec.DecodeUint32()
-		if err != nil {
-			return 0, response{}, err
-		}
-		var r response
-		if r.errRaw, err = dec.DecodeRaw(); err != nil {
-			return 0, response{}, err
-		}
-		if r.resRaw, err = dec.DecodeRaw(); err != nil {
-			return 0, response{}, err
-		}
-		return id, r, nil
-	}
-}
-
-// Call sends a request with the named params and decodes its result into
-// out (a pointer, or nil). It is the escape hatch for methods this client
-// has no wrapper for; the wrappers below use it.
-func (c *Client) Call(ctx context.Context, method string, params map[string]any, out any) error {
-	id, ch, err := c.start(method, params)
+// readResponse reads the next response and completes its call. It skips
+// notifications, but for the server's "error" notification, sent before it
+// closes a connection it refuses, which it returns as an error. An error
+// means the stream cannot be read further.
+func (c *Client) readResponse(dec *msgpack.Decoder) error {
+	n, err := dec.DecodeArrayLen()
 	if err != nil {
 		return err
 	}
-	select {
-	case r, ok := <-ch:
-		return c.finish(r, ok, out)
-	case <-ctx.Done():
-		c.mu.Lock()
-		delete(c.pending, id)
-		c.mu.Unlock()
-		return ctx.Err()
+	typ, err := dec.DecodeInt()
+	if err != nil {
+		return err
 	}
+	if typ == typeNotification && n == 3 {
+		var method string
+		var params []map[string]any
+		if err := dec.Decode(&method); err != nil {
+			return err
+		}
+		if err := dec.Decode(&params); err != nil {
+			return err
+		}
+		if method == "error" && len(params) == 1 {
+			code, _ := params[0]["code"].(string)
+			msg, _ := params[0]["message"].(string)
+			return &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
+		}
+		return nil
+	}
+	if typ != typeResponse || n != 4 {
+		return fmt.Errorf("unexpected message type %d", typ)
+	}
+	id, err := dec.DecodeUint32()
+	if err != nil {
+		return err
+	}
+	c.mu.Lock()
+	p := c.pending[id]
+	delete(c.pending, id)
+	c.mu.Unlock()
+	refusal, err := decodeError(dec)
+	if err != nil {
+		return err
+	}
+	var outcome error
+	switch {
+	case refusal != nil:
+		outcome = refusal
+		err = dec.Skip()
+	case p == nil || p.decode == nil:
+		err = dec.Skip()
+	default:
+		// Decode into the caller's variables; the caller reads them only
+		// after receiving on done.
+		err = p.decode(dec)
+		if err != nil {
+			outcome = fmt.Errorf("wire: undecodable result: %w", err)
+		}
+	}
+	if p != nil {
+		p.done <- outcome
+	}
+	return err
 }
 
-// start sends a request and returns the channel its response will arrive
-// on (closed if the connection breaks first).
-func (c *Client) start(method string, params map[string]any) (uint32, chan response, error) {
-	ch := make(chan response, 1)
+// decodeError reads a response's error slot: nil, or a refusal map (or,
+// from other MessagePack-RPC servers, a string).
+func decodeError(dec *msgpack.Decoder) (error, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	if c == msgpcode.Nil {
+		return nil, dec.Skip()
+	}
+	if msgpcode.IsString(c) {
+		s, err := dec.DecodeString()
+		return &fencekv.Error{Code: fencekv.CodeInternal, Message: s}, err
+	}
+	fe := &fencekv.Error{}
+	err = eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+		switch k {
+		case "code":
+			var s string
+			s, err = dec.DecodeString()
+			fe.Code = fencekv.Code(s)
+		case "message":
+			fe.Message, err = dec.DecodeString()
+		case "fence":
+			err = decodeTo(dec, (*uint64)(&fe.Fence))
+		case "token":
+			err = decodeTo(dec, (*uint64)(&fe.Token))
+		case "holder":
+			fe.Holder, err = dec.DecodeString()
+		case "retry_ms":
+			var ms int64
+			ms, err = dec.DecodeInt64()
+			fe.RetryAfter = time.Duration(ms) * time.Millisecond
+		case "revision":
+			err = decodeTo(dec, (*uint64)(&fe.Revision))
+		case "leader":
+			fe.Leader, err = dec.DecodeString()
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
+	return fe, err
+}
+
+// eachField reads a map, calling fn for each key with the decoder at its
+// value; fn must consume the value. A nil map calls nothing.
+func eachField(dec *msgpack.Decoder, fn func(dec *msgpack.Decoder, key string) error) error {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return err
+	}
+	for i := 0; i < n; i++ {
+		k, err := dec.DecodeString()
+		if err != nil {
+			return err
+		}
+		if c, _ := dec.PeekCode(); c == msgpcode.Nil {
+			if err := dec.Skip(); err != nil {
+				return err
+			}
+			continue
+		}
+		if err := fn(dec, k); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func decodeTo(dec *msgpack.Decoder, v *uint64) (err error) {
+	*v, err = dec.DecodeUint64()
+	return err
+}
+
+// params writes a request's params map; each wrapper knows how many fields
+// it writes.
+type params struct{ *msgpack.Encoder }
+
+func (p params) bin(k string, v []byte) {
+	p.EncodeString(k)
+	if v == nil {
+		v = []byte{} // nil would encode as msgpack nil, which means "absent"
+	}
+	p.EncodeBytes(v)
+}
+func (p params) str(k, v string) {
+	p.EncodeString(k)
+	p.EncodeString(v)
+}
+func (p params) uint(k string, v uint64) {
+	p.EncodeString(k)
+	p.EncodeUint(v)
+}
+func (p params) int(k string, v int64) {
+	p.EncodeString(k)
+	p.EncodeInt(v)
+}
+func (p params) bool(k string, v bool) {
+	p.EncodeString(k)
+	p.EncodeBool(v)
+}
+
+// start sends [0, id, method, [params]] (params written by write; nil
+// write sends an empty params array) and registers p for the response.
+func (c *Client) start(method string, write func(params) error, p *call) (uint32, error) {
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
 	c.next++
@@ -195,219 +292,300 @@ func (c *Client) start(method string, params map[string]any) (uint32, chan respo
 	if c.err != nil {
 		err := c.err
 		c.mu.Unlock()
-		return 0, nil, err
+		return 0, err
 	}
-	c.pending[id] = ch
+	c.pending[id] = p
 	c.mu.Unlock()
-	if err := c.writeRequest(id, method, params); err != nil {
+	e := c.enc
+	e.EncodeArrayLen(4)
+	e.EncodeUint(typeRequest)
+	e.EncodeUint(uint64(id))
+	e.EncodeString(method)
+	var err error
+	if write == nil {
+		err = e.EncodeArrayLen(0)
+	} else {
+		e.EncodeArrayLen(1)
+		err = write(params{e})
+	}
+	if err == nil {
+		err = c.bw.Flush()
+	}
+	if err != nil {
 		err = fmt.Errorf("%w: %v", ErrClientClosed, err)
 		c.fail(err)
 		c.nc.Close()
-		return 0, nil, err
+		return 0, err
 	}
-	return id, ch, nil
+	return id, nil
 }
 
-// finish decodes a response received from start's channel.
-func (c *Client) finish(r response, ok bool, out any) error {
-	if !ok {
+// wait waits for p's outcome, or ctx. On ctx's end the call is forgotten:
+// its response, when it comes, is skipped.
+func (c *Client) wait(ctx context.Context, id uint32, p *call) error {
+	select {
+	case err, ok := <-p.done:
+		if !ok {
+			c.mu.Lock()
+			defer c.mu.Unlock()
+			return c.err
+		}
+		return err
+	case <-ctx.Done():
 		c.mu.Lock()
-		defer c.mu.Unlock()
-		return c.err
+		_, waiting := c.pending[id]
+		delete(c.pending, id)
+		c.mu.Unlock()
+		if !waiting {
+			// The read loop has taken the call and is decoding into the
+			// caller's variables: let it finish before they are read.
+			<-p.done
+		}
+		return ctx.Err()
 	}
-	return decodeResponse(r, out)
 }
 
-// writeRequest writes [0, id, method, [params]] and flushes. Called with
-// wmu held.
-func (c *Client) writeRequest(id uint32, method string, params map[string]any) error {
-	if err := c.enc.EncodeArrayLen(4); err != nil {
+// do runs one call: write sends the params, decode reads the result.
+func (c *Client) do(ctx context.Context, method string, write func(params) error, decode func(*msgpack.Decoder) error) error {
+	p := &call{decode: decode, done: make(chan error, 1)}
+	id, err := c.start(method, write, p)
+	if err != nil {
 		return err
 	}
-	c.enc.EncodeUint(typeRequest)
-	c.enc.EncodeUint(uint64(id))
-	c.enc.EncodeString(method)
-	if params == nil {
-		c.enc.EncodeArrayLen(0)
-	} else {
-		c.enc.EncodeArrayLen(1)
-		if err := c.enc.Encode(params); err != nil {
-			return err
-		}
-	}
-	return c.bw.Flush()
+	return c.wait(ctx, id, p)
 }
 
-// wireError is the error map of a response.
-type wireError struct {
-	Code     string `msgpack:"code"`
-	Message  string `msgpack:"message"`
-	Fence    uint64 `msgpack:"fence"`
-	Token    uint64 `msgpack:"token"`
-	Holder   string `msgpack:"holder"`
-	RetryMs  int64  `msgpack:"retry_ms"`
-	Revision uint64 `msgpack:"revision"`
-	Leader   string `msgpack:"leader"`
+// Call sends a request with the named params and decodes its result into
+// out (a pointer, or nil) with msgpack's reflection. It is the escape hatch
+// for methods this client has no wrapper for.
+func (c *Client) Call(ctx context.Context, method string, ps map[string]any, out any) error {
+	var write func(params) error
+	if ps != nil {
+		write = func(p params) error { return p.Encode(ps) }
+	}
+	var decode func(*msgpack.Decoder) error
+	if out != nil {
+		decode = func(dec *msgpack.Decoder) error { return dec.Decode(out) }
+	}
+	return c.do(ctx, method, write, decode)
 }
 
-func decodeResponse(r response, out any) error {
-	if len(r.errRaw) > 0 && r.errRaw[0] != 0xc0 {
-		var we wireError
-		if err := msgpack.Unmarshal(r.errRaw, &we); err != nil {
-			var s string
-			if msgpack.Unmarshal(r.errRaw, &s) == nil {
-				return &fencekv.Error{Code: fencekv.CodeInternal, Message: s}
-			}
-			return fmt.Errorf("wire: undecodable error from server: %w", err)
-		}
-		return &fencekv.Error{
-			Code:       fencekv.Code(we.Code),
-			Message:    we.Message,
-			Fence:      fencekv.Token(we.Fence),
-			Token:      fencekv.Token(we.Token),
-			Holder:     we.Holder,
-			RetryAfter: time.Duration(we.RetryMs) * time.Millisecond,
-			Revision:   fencekv.Revision(we.Revision),
-			Leader:     we.Leader,
-		}
-	}
-	if out == nil {
-		return nil
-	}
-	if err := msgpack.Unmarshal(r.resRaw, out); err != nil {
-		return fmt.Errorf("wire: undecodable result: %w", err)
-	}
-	return nil
-}
-
-func writeParams(key []byte, w fencekv.WriteOptions) map[string]any {
-	p := map[string]any{"key": key}
+// writeParams writes key and the fencing options, with extra more fields
+// to follow.
+func writeParams(p params, key []byte, w fencekv.WriteOptions, extra int) {
+	n := 1 + extra
 	if w.Token != 0 {
-		p["token"] = uint64(w.Token)
+		n++
 	}
 	if w.Strict {
-		p["strict"] = true
+		n++
 	}
 	if w.Lock != "" {
-		p["lock"] = w.Lock
+		n++
 	}
-	return p
+	p.EncodeMapLen(n)
+	p.bin("key", key)
+	if w.Token != 0 {
+		p.uint("token", uint64(w.Token))
+	}
+	if w.Strict {
+		p.bool("strict", true)
+	}
+	if w.Lock != "" {
+		p.str("lock", w.Lock)
+	}
 }
 
-// nonNil makes a nil value an empty one: msgpack encodes a nil []byte as
-// nil, which the server reads as a missing "value" (a Put of nil used to be
-// refused with bad_request, unlike fencekv.DB.Put).
-func nonNil(v []byte) []byte {
-	if v == nil {
-		return []byte{}
-	}
-	return v
-}
-
+// writeResult decodes the result of put, delete, cas and incr.
 type writeResult struct {
-	Fence    uint64 `msgpack:"fence"`
-	Revision uint64 `msgpack:"revision"`
-	Deleted  bool   `msgpack:"deleted"`
-	Value    int64  `msgpack:"value"`
+	fencekv.WriteResult
+	deleted bool
+	value   int64
 }
 
-func (r writeResult) result() fencekv.WriteResult {
-	return fencekv.WriteResult{Fence: fencekv.Token(r.Fence), Revision: fencekv.Revision(r.Revision)}
+func (r *writeResult) decode(dec *msgpack.Decoder) error {
+	return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+		switch k {
+		case "fence":
+			err = decodeTo(dec, (*uint64)(&r.Fence))
+		case "revision":
+			err = decodeTo(dec, (*uint64)(&r.Revision))
+		case "deleted":
+			r.deleted, err = dec.DecodeBool()
+		case "value":
+			r.value, err = dec.DecodeInt64()
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
 }
 
 // Ping checks the connection and returns the server's version.
 func (c *Client) Ping(ctx context.Context) (string, error) {
-	var r struct {
-		Version string `msgpack:"version"`
-	}
-	err := c.Call(ctx, "ping", nil, &r)
-	return r.Version, err
+	var v string
+	err := c.do(ctx, "ping", nil, func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+			if k == "version" {
+				v, err = dec.DecodeString()
+				return err
+			}
+			return dec.Skip()
+		})
+	})
+	return v, err
 }
 
 // Get reads key. A missing key is not an error: Found is false.
 func (c *Client) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
-	var r struct {
-		Found    bool   `msgpack:"found"`
-		Value    []byte `msgpack:"value"`
-		Fence    uint64 `msgpack:"fence"`
-		Revision uint64 `msgpack:"revision"`
-	}
-	if err := c.Call(ctx, "get", map[string]any{"key": key}, &r); err != nil {
+	e := fencekv.Entry{Key: key}
+	err := c.do(ctx, "get",
+		func(p params) error {
+			p.EncodeMapLen(1)
+			p.bin("key", key)
+			return nil
+		},
+		func(dec *msgpack.Decoder) error {
+			return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+				switch k {
+				case "found":
+					e.Found, err = dec.DecodeBool()
+				case "value":
+					e.Value, err = dec.DecodeBytes()
+				case "fence":
+					err = decodeTo(dec, (*uint64)(&e.Fence))
+				case "revision":
+					err = decodeTo(dec, (*uint64)(&e.Revision))
+				default:
+					err = dec.Skip()
+				}
+				return err
+			})
+		})
+	if err != nil {
 		return fencekv.Entry{}, err
 	}
-	if r.Found && r.Value == nil {
-		r.Value = []byte{}
+	if e.Found && e.Value == nil {
+		e.Value = []byte{}
 	}
-	return fencekv.Entry{Key: key, Value: r.Value, Found: r.Found, Fence: fencekv.Token(r.Fence), Revision: fencekv.Revision(r.Revision)}, nil
+	return e, nil
 }
 
 // Put writes value to key; see fencekv.DB.Put.
 func (c *Client) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
-	p := writeParams(key, w)
-	p["value"] = nonNil(value)
 	var r writeResult
-	err := c.Call(ctx, "put", p, &r)
-	return r.result(), err
+	err := c.do(ctx, "put", func(p params) error {
+		writeParams(p, key, w, 1)
+		p.bin("value", value)
+		return nil
+	}, r.decode)
+	return r.WriteResult, err
 }
 
 // Delete removes key; see fencekv.DB.Delete.
 func (c *Client) Delete(ctx context.Context, key []byte, w fencekv.WriteOptions) (bool, fencekv.WriteResult, error) {
 	var r writeResult
-	err := c.Call(ctx, "delete", writeParams(key, w), &r)
-	return r.Deleted, r.result(), err
+	err := c.do(ctx, "delete", func(p params) error {
+		writeParams(p, key, w, 0)
+		return nil
+	}, r.decode)
+	return r.deleted, r.WriteResult, err
 }
 
 // CAS writes value if key is at revision rev (0: absent); see fencekv.DB.CAS.
 func (c *Client) CAS(ctx context.Context, key []byte, rev fencekv.Revision, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
-	p := writeParams(key, w)
-	p["revision"] = uint64(rev)
-	p["value"] = nonNil(value)
 	var r writeResult
-	err := c.Call(ctx, "cas", p, &r)
-	return r.result(), err
+	err := c.do(ctx, "cas", func(p params) error {
+		writeParams(p, key, w, 2)
+		p.uint("revision", uint64(rev))
+		p.bin("value", value)
+		return nil
+	}, r.decode)
+	return r.WriteResult, err
 }
 
 // Incr adds delta to the integer at key; see fencekv.DB.Incr.
 func (c *Client) Incr(ctx context.Context, key []byte, delta int64, w fencekv.WriteOptions) (int64, fencekv.WriteResult, error) {
-	p := writeParams(key, w)
-	p["delta"] = delta
 	var r writeResult
-	err := c.Call(ctx, "incr", p, &r)
-	return r.Value, r.result(), err
+	err := c.do(ctx, "incr", func(p params) error {
+		writeParams(p, key, w, 1)
+		p.int("delta", delta)
+		return nil
+	}, r.decode)
+	return r.value, r.WriteResult, err
 }
 
 // Scan lists live keys in byte order; see fencekv.DB.Scan.
 func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Entry, bool, error) {
-	p := map[string]any{}
-	if o.Prefix != nil {
-		p["prefix"] = o.Prefix
-	}
-	if o.Start != nil {
-		p["start"] = o.Start
-	}
-	if o.Limit != 0 {
-		p["limit"] = o.Limit
-	}
-	var r struct {
-		Items []struct {
-			Key      []byte `msgpack:"key"`
-			Value    []byte `msgpack:"value"`
-			Fence    uint64 `msgpack:"fence"`
-			Revision uint64 `msgpack:"revision"`
-		} `msgpack:"items"`
-		More bool `msgpack:"more"`
-	}
-	if err := c.Call(ctx, "scan", p, &r); err != nil {
+	var items []fencekv.Entry
+	var more bool
+	err := c.do(ctx, "scan",
+		func(p params) error {
+			n := 0
+			for _, set := range []bool{o.Prefix != nil, o.Start != nil, o.Limit != 0} {
+				if set {
+					n++
+				}
+			}
+			p.EncodeMapLen(n)
+			if o.Prefix != nil {
+				p.bin("prefix", o.Prefix)
+			}
+			if o.Start != nil {
+				p.bin("start", o.Start)
+			}
+			if o.Limit != 0 {
+				p.int("limit", int64(o.Limit))
+			}
+			return nil
+		},
+		func(dec *msgpack.Decoder) error {
+			return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+				switch k {
+				case "more":
+					var err error
+					more, err = dec.DecodeBool()
+					return err
+				case "items":
+					n, err := dec.DecodeArrayLen()
+					if err != nil {
+						return err
+					}
+					items = make([]fencekv.Entry, 0, max(n, 0))
+					for i := 0; i < n; i++ {
+						e := fencekv.Entry{Found: true}
+						err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+							switch k {
+							case "key":
+								e.Key, err = dec.DecodeBytes()
+							case "value":
+								e.Value, err = dec.DecodeBytes()
+							case "fence":
+								err = decodeTo(dec, (*uint64)(&e.Fence))
+							case "revision":
+								err = decodeTo(dec, (*uint64)(&e.Revision))
+							default:
+								err = dec.Skip()
+							}
+							return err
+						})
+						if err != nil {
+							return err
+						}
+						if e.Value == nil {
+							e.Value = []byte{}
+						}
+						items = append(items, e)
+					}
+					return nil
+				}
+				return dec.Skip()
+			})
+		})
+	if err != nil {
 		return nil, false, err
 	}
-	out := make([]fencekv.Entry, len(r.Items))
-	for i, it := range r.Items {
-		if it.Value == nil {
-			it.Value = []byte{}
-		}
-		out[i] = fencekv.Entry{Key: it.Key, Value: it.Value, Found: true, Fence: fencekv.Token(it.Fence), Revision: fencekv.Revision(it.Revision)}
-	}
-	return out, r.More, nil
+	return items, more, nil
 }
 
 // Acquire takes the lock; see fencekv.DB.Acquire. With o.Wait > 0 the
@@ -417,143 +595,240 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 // grant that still arrives later is released, so the lock is not stuck with
 // a holder that gave up.
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, error) {
-	p := map[string]any{"lock": name, "ttl_ms": ttl.Milliseconds()}
-	var wait time.Duration
+	var ao fencekv.AcquireOptions
 	if o != nil {
-		if o.Holder != "" {
-			p["holder"] = o.Holder
-		}
-		wait = o.Wait
-		if d, ok := ctx.Deadline(); ok && wait > 0 {
-			wait = min(wait, time.Until(d))
-		}
-		if wait > 0 {
-			p["wait_ms"] = max(wait.Milliseconds(), 1)
-		}
-		if o.LockDelay > 0 {
-			p["lock_delay_ms"] = o.LockDelay.Milliseconds()
-		}
+		ao = *o
 	}
-	type granted struct {
-		Token uint64 `msgpack:"token"`
-		TTLMs int64  `msgpack:"ttl_ms"`
+	if d, ok := ctx.Deadline(); ok && ao.Wait > 0 {
+		ao.Wait = max(min(ao.Wait, time.Until(d)), time.Millisecond)
 	}
-	_, ch, err := c.start("acquire", p)
+	var token uint64
+	var ttlMs int64
+	p := &call{done: make(chan error, 1), decode: func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+			switch k {
+			case "token":
+				token, err = dec.DecodeUint64()
+			case "ttl_ms":
+				ttlMs, err = dec.DecodeInt64()
+			default:
+				err = dec.Skip()
+			}
+			return err
+		})
+	}}
+	_, err := c.start("acquire", func(p params) error {
+		n := 2
+		for _, set := range []bool{ao.Holder != "", ao.Wait > 0, ao.LockDelay > 0} {
+			if set {
+				n++
+			}
+		}
+		p.EncodeMapLen(n)
+		p.str("lock", name)
+		p.int("ttl_ms", ttl.Milliseconds())
+		if ao.Holder != "" {
+			p.str("holder", ao.Holder)
+		}
+		if ao.Wait > 0 {
+			p.int("wait_ms", max(ao.Wait.Milliseconds(), 1))
+		}
+		if ao.LockDelay > 0 {
+			p.int("lock_delay_ms", ao.LockDelay.Milliseconds())
+		}
+		return nil
+	}, p)
 	if err != nil {
 		return fencekv.Lease{}, err
 	}
-	var g granted
 	select {
-	case r, ok := <-ch:
-		if err := c.finish(r, ok, &g); err != nil {
+	case err, ok := <-p.done:
+		if !ok {
+			c.mu.Lock()
+			err = c.err
+			c.mu.Unlock()
+		}
+		if err != nil {
 			return fencekv.Lease{}, err
 		}
-		return fencekv.Lease{Name: name, Token: fencekv.Token(g.Token), TTL: time.Duration(g.TTLMs) * time.Millisecond}, nil
+		return fencekv.Lease{Name: name, Token: fencekv.Token(token), TTL: time.Duration(ttlMs) * time.Millisecond}, nil
 	case <-ctx.Done():
 		go func() {
-			// The response still comes (the channel stays registered);
-			// if it is a grant, nobody will use it: release it.
-			r, ok := <-ch
-			if ok && decodeResponse(r, &g) == nil && g.Token != 0 {
+			// The response still comes (the call stays registered); if
+			// it is a grant, nobody will use it: release it.
+			if err, ok := <-p.done; ok && err == nil && token != 0 {
 				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
-				c.Release(rctx, name, fencekv.Token(g.Token))
+				c.Release(rctx, name, fencekv.Token(token))
 			}
 		}()
 		return fencekv.Lease{}, ctx.Err()
 	}
 }
 
+// lockParams writes {lock, token}.
+func lockParams(name string, token fencekv.Token) func(params) error {
+	return func(p params) error {
+		p.EncodeMapLen(2)
+		p.str("lock", name)
+		p.uint("token", uint64(token))
+		return nil
+	}
+}
+
 // Renew gives the lease its full TTL again; see fencekv.DB.Renew.
 func (c *Client) Renew(ctx context.Context, name string, token fencekv.Token) (time.Duration, error) {
-	var r struct {
-		TTLMs int64 `msgpack:"ttl_ms"`
-	}
-	err := c.Call(ctx, "renew", map[string]any{"lock": name, "token": uint64(token)}, &r)
-	return time.Duration(r.TTLMs) * time.Millisecond, err
+	var ttlMs int64
+	err := c.do(ctx, "renew", lockParams(name, token), func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+			if k == "ttl_ms" {
+				ttlMs, err = dec.DecodeInt64()
+				return err
+			}
+			return dec.Skip()
+		})
+	})
+	return time.Duration(ttlMs) * time.Millisecond, err
 }
 
 // Release frees the lock held by token; see fencekv.DB.Release.
 func (c *Client) Release(ctx context.Context, name string, token fencekv.Token) error {
-	return c.Call(ctx, "release", map[string]any{"lock": name, "token": uint64(token)}, nil)
+	return c.do(ctx, "release", lockParams(name, token), nil)
 }
 
-type lockResult struct {
-	Lock        []byte `msgpack:"lock"`
-	Held        bool   `msgpack:"held"`
-	Holder      string `msgpack:"holder"`
-	Token       uint64 `msgpack:"token"`
-	TTLMs       int64  `msgpack:"ttl_ms"`
-	Waiters     int    `msgpack:"waiters"`
-	LockDelayMs int64  `msgpack:"lock_delay_ms"`
-}
-
-func (l lockResult) info(name string) fencekv.LockInfo {
-	if l.Lock != nil {
-		name = string(l.Lock)
-	}
-	return fencekv.LockInfo{
-		Name: name, Held: l.Held, Holder: l.Holder, Token: fencekv.Token(l.Token),
-		TTL: time.Duration(l.TTLMs) * time.Millisecond, Delay: time.Duration(l.LockDelayMs) * time.Millisecond,
-		Waiters: l.Waiters,
-	}
+// decodeLock reads a lock_info map (or an element of locks).
+func decodeLock(dec *msgpack.Decoder, in *fencekv.LockInfo) error {
+	return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+		var ms int64
+		switch k {
+		case "lock":
+			var b []byte
+			b, err = dec.DecodeBytes()
+			in.Name = string(b)
+		case "held":
+			in.Held, err = dec.DecodeBool()
+		case "holder":
+			in.Holder, err = dec.DecodeString()
+		case "token":
+			err = decodeTo(dec, (*uint64)(&in.Token))
+		case "ttl_ms":
+			ms, err = dec.DecodeInt64()
+			in.TTL = time.Duration(ms) * time.Millisecond
+		case "waiters":
+			in.Waiters, err = dec.DecodeInt()
+		case "lock_delay_ms":
+			ms, err = dec.DecodeInt64()
+			in.Delay = time.Duration(ms) * time.Millisecond
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
 }
 
 // LockInfo describes a lock; see fencekv.DB.LockInfo.
 func (c *Client) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, error) {
-	var r lockResult
-	if err := c.Call(ctx, "lock_info", map[string]any{"lock": name}, &r); err != nil {
+	in := fencekv.LockInfo{Name: name}
+	err := c.do(ctx, "lock_info",
+		func(p params) error {
+			p.EncodeMapLen(1)
+			p.str("lock", name)
+			return nil
+		},
+		func(dec *msgpack.Decoder) error { return decodeLock(dec, &in) })
+	if err != nil {
 		return fencekv.LockInfo{}, err
 	}
-	return r.info(name), nil
+	return in, nil
 }
 
 // Locks lists held locks; see fencekv.DB.Locks.
 func (c *Client) Locks(ctx context.Context, prefix, start string, limit int) ([]fencekv.LockInfo, bool, error) {
-	p := map[string]any{}
-	if prefix != "" {
-		p["prefix"] = prefix
-	}
-	if start != "" {
-		p["start"] = start
-	}
-	if limit != 0 {
-		p["limit"] = limit
-	}
-	var r struct {
-		Locks []lockResult `msgpack:"locks"`
-		More  bool         `msgpack:"more"`
-	}
-	if err := c.Call(ctx, "locks", p, &r); err != nil {
+	var locks []fencekv.LockInfo
+	var more bool
+	err := c.do(ctx, "locks",
+		func(p params) error {
+			n := 0
+			for _, set := range []bool{prefix != "", start != "", limit != 0} {
+				if set {
+					n++
+				}
+			}
+			p.EncodeMapLen(n)
+			if prefix != "" {
+				p.str("prefix", prefix)
+			}
+			if start != "" {
+				p.str("start", start)
+			}
+			if limit != 0 {
+				p.int("limit", int64(limit))
+			}
+			return nil
+		},
+		func(dec *msgpack.Decoder) error {
+			return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+				switch k {
+				case "more":
+					var err error
+					more, err = dec.DecodeBool()
+					return err
+				case "locks":
+					n, err := dec.DecodeArrayLen()
+					if err != nil {
+						return err
+					}
+					locks = make([]fencekv.LockInfo, max(n, 0))
+					for i := range locks {
+						if err := decodeLock(dec, &locks[i]); err != nil {
+							return err
+						}
+					}
+					return nil
+				}
+				return dec.Skip()
+			})
+		})
+	if err != nil {
 		return nil, false, err
 	}
-	out := make([]fencekv.LockInfo, len(r.Locks))
-	for i, l := range r.Locks {
-		out[i] = l.info("")
-	}
-	return out, r.More, nil
+	return locks, more, nil
 }
 
 // Status reads the server's counters.
 func (c *Client) Status(ctx context.Context) (fencekv.Status, error) {
-	var r struct {
-		Version   string `msgpack:"version"`
-		LastToken uint64 `msgpack:"last_token"`
-		Revision  uint64 `msgpack:"revision"`
-		Keys      uint64 `msgpack:"keys"`
-		Locks     int    `msgpack:"locks"`
-		Waiters   int    `msgpack:"waiters"`
-		Commits   uint64 `msgpack:"commits"`
-		Commands  uint64 `msgpack:"commands"`
-		DataSize  int64  `msgpack:"data_size"`
-	}
-	if err := c.Call(ctx, "status", nil, &r); err != nil {
+	var st fencekv.Status
+	err := c.do(ctx, "status", nil, func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+			switch k {
+			case "version":
+				st.Version, err = dec.DecodeString()
+			case "last_token":
+				err = decodeTo(dec, (*uint64)(&st.LastToken))
+			case "revision":
+				err = decodeTo(dec, (*uint64)(&st.Revision))
+			case "keys":
+				st.Keys, err = dec.DecodeUint64()
+			case "locks":
+				st.Locks, err = dec.DecodeInt()
+			case "waiters":
+				st.Waiters, err = dec.DecodeInt()
+			case "commits":
+				st.Commits, err = dec.DecodeUint64()
+			case "commands":
+				st.Commands, err = dec.DecodeUint64()
+			case "data_size":
+				st.DataSize, err = dec.DecodeInt64()
+			default:
+				err = dec.Skip()
+			}
+			return err
+		})
+	})
+	if err != nil {
 		return fencekv.Status{}, err
 	}
-	return fencekv.Status{
-		Version: r.Version, LastToken: fencekv.Token(r.LastToken), Revision: fencekv.Revision(r.Revision),
-		Keys: r.Keys, Locks: r.Locks, Waiters: r.Waiters, Commits: r.Commits, Commands: r.Commands, DataSize: r.DataSize,
-	}, nil
+	return st, nil
 }
 
 var _ Engine = (*Client)(nil)
