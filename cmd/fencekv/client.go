@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"encoding/json"
 	"fmt"
 	"time"
@@ -47,7 +48,11 @@ func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context
 		return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
 	}
 	defer cl.Close()
-	return fn(ctx, cl)
+	err = fn(ctx, cl)
+	if errors.Is(err, context.DeadlineExceeded) {
+		return fmt.Errorf("no answer from %s within %v (--timeout)", c.String("addr"), c.Duration("timeout")+extra)
+	}
+	return err
 }
 
 // show writes v as JSON with --json, or the human text otherwise.
