@@ -1,0 +1,257 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/hex"
+	"errors"
+	"io"
+	"strings"
+	"testing"
+	"testing/iotest"
+	"time"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+func unhex(t testing.TB, s string) []byte {
+	t.Helper()
+	p, err := hex.DecodeString(strings.ReplaceAll(s, " ", ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// everyType returns msgpack objects that use every format of the spec,
+// each as its own message.
+func everyType(t testing.TB) [][]byte {
+	t.Helper()
+	var msgs [][]byte
+	add := func(f func(e *msgpack.Encoder) error) {
+		var buf bytes.Buffer
+		e := msgpack.NewEncoder(&buf)
+		if err := f(e); err != nil {
+			t.Fatal(err)
+		}
+		msgs = append(msgs, bytes.Clone(buf.Bytes()))
+	}
+	add(func(e *msgpack.Encoder) error { return e.EncodeNil() })
+	add(func(e *msgpack.Encoder) error { return e.EncodeBool(true) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeBool(false) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeInt(7) })  // positive fixint
+	add(func(e *msgpack.Encoder) error { return e.EncodeInt(-7) }) // negative fixint
+	add(func(e *msgpack.Encoder) error { return e.EncodeUint8(200) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeUint16(60000) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeUint32(4e9) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeUint64(1 << 63) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeInt8(-100) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeInt16(-30000) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeInt32(-2e9) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeInt64(-1 << 62) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeFloat32(1.5) })
+	add(func(e *msgpack.Encoder) error { return e.EncodeFloat64(2.5) })
+	for _, n := range []int{0, 31, 32, 255, 256, 65535, 65536} {
+		add(func(e *msgpack.Encoder) error { return e.EncodeString(strings.Repeat("s", n)) })
+		add(func(e *msgpack.Encoder) error { return e.EncodeBytes(bytes.Repeat([]byte{0xc1}, n)) })
+	}
+	for _, n := range []int{0, 15, 16, 65535, 65536} {
+		add(func(e *msgpack.Encoder) error {
+			if err := e.EncodeArrayLen(n); err != nil {
+				return err
+			}
+			for range n {
+				e.EncodeNil()
+			}
+			return nil
+		})
+		add(func(e *msgpack.Encoder) error {
+			if err := e.EncodeMapLen(n); err != nil {
+				return err
+			}
+			for i := range n {
+				e.EncodeInt(int64(i))
+				e.EncodeNil()
+			}
+			return nil
+		})
+	}
+	add(func(e *msgpack.Encoder) error { return e.EncodeTime(time.Unix(1, 2)) }) // an ext
+	add(func(e *msgpack.Encoder) error {
+		return e.Encode([]any{0, 7, "put", []any{map[string]any{"key": []byte("k"), "value": "v", "token": uint64(34)}}})
+	})
+	for _, h := range []string{
+		"d4 05 01", "d5 05 0102", "d6 05 01020304", "d7 05 0102030405060708",
+		"d8 05 0102030405060708090a0b0c0d0e0f10",
+		"c7 03 05 010203", "c8 0003 05 010203", "c9 00000003 05 010203",
+		"c7 00 05", // ext8 of length 0
+	} {
+		msgs = append(msgs, unhex(t, h))
+	}
+	return msgs
+}
+
+// readAll cuts r into frames with a reader limited to max bytes.
+func readAll(r io.Reader, max int) (frames [][]byte, err error) {
+	f := newFrameReader(r, max)
+	for {
+		p, err := f.next()
+		if err != nil {
+			return frames, err
+		}
+		frames = append(frames, bytes.Clone(p))
+	}
+}
+
+func TestFrameReaderEveryType(t *testing.T) {
+	msgs := everyType(t)
+	stream := bytes.Join(msgs, nil)
+	for name, r := range map[string]io.Reader{
+		"bulk":     bytes.NewReader(stream),
+		"one byte": iotest.OneByteReader(bytes.NewReader(stream)),
+		"half":     iotest.HalfReader(bytes.NewReader(stream)),
+	} {
+		frames, err := readAll(r, 1<<20)
+		if err != io.EOF {
+			t.Fatalf("%s: ended with %v; want io.EOF", name, err)
+		}
+		if len(frames) != len(msgs) {
+			t.Fatalf("%s: %d frames; want %d", name, len(frames), len(msgs))
+		}
+		for i := range msgs {
+			if !bytes.Equal(frames[i], msgs[i]) {
+				t.Fatalf("%s: frame %d = % x; want % x", name, i, head(frames[i]), head(msgs[i]))
+			}
+		}
+	}
+}
+
+func head(p []byte) []byte { return p[:min(len(p), 32)] }
+
+func TestFrameReaderLimit(t *testing.T) {
+	msg := marshalT(t, []any{0, 1, "put", []any{map[string]any{"key": "k", "value": strings.Repeat("v", 1000)}}})
+	if frames, err := readAll(bytes.NewReader(msg), len(msg)); err != io.EOF || len(frames) != 1 {
+		t.Fatalf("a message of exactly the limit: %d frames, %v", len(frames), err)
+	}
+	if _, err := readAll(bytes.NewReader(msg), len(msg)-1); !errors.Is(err, errFrameTooLarge) {
+		t.Fatalf("one byte over the limit: %v; want errFrameTooLarge", err)
+	}
+	// Headers that claim more than the limit are refused at the header,
+	// before the claimed length is allocated or read.
+	for _, h := range []string{
+		"94 00 01 a3 707574 91 c6 ffffffff", // bin32
+		"94 00 01 db ffffffff",              // str32
+		"94 00 01 a3 707574 91 c9 ffffffff", // ext32
+	} {
+		f := newFrameReader(bytes.NewReader(unhex(t, h)), 4<<20)
+		prefix, err := f.next()
+		if !errors.Is(err, errFrameTooLarge) {
+			t.Fatalf("%s: %v; want errFrameTooLarge", h, err)
+		}
+		if cap(f.buf) > 1<<10 {
+			t.Fatalf("%s: buffer grew to %d bytes", h, cap(f.buf))
+		}
+		// The prefix (up to the header) is returned so that the msgid can
+		// be answered.
+		if !bytes.HasPrefix(prefix, unhex(t, "94 00 01")) {
+			t.Fatalf("%s: prefix % x", h, prefix)
+		}
+	}
+	// A count of 4G elements allocates nothing either: each element is read
+	// (and kept) only as it comes, so the limit ends it.
+	huge := append(unhex(t, "94 00 01 a3 707574 dd ffffffff"), bytes.Repeat([]byte{0xc0}, 5000)...)
+	f := newFrameReader(bytes.NewReader(huge), 4096)
+	if _, err := f.next(); !errors.Is(err, errFrameTooLarge) {
+		t.Fatalf("array32 of 4G: %v; want errFrameTooLarge", err)
+	}
+	if cap(f.buf) > 16<<10 {
+		t.Fatalf("array32 of 4G: buffer grew to %d bytes", cap(f.buf))
+	}
+}
+
+func TestFrameReaderDepth(t *testing.T) {
+	nest := func(depth int) []byte {
+		var v any = 1
+		for range depth {
+			v = []any{v}
+		}
+		return marshalT(t, v)
+	}
+	if _, err := readAll(bytes.NewReader(nest(maxDepth)), 1<<20); err != io.EOF {
+		t.Fatalf("%d levels: %v; want accepted", maxDepth, err)
+	}
+	if _, err := readAll(bytes.NewReader(nest(maxDepth+1)), 1<<20); !errors.Is(err, errFrameDepth) {
+		t.Fatalf("%d levels: %v; want errFrameDepth", maxDepth+1, err)
+	}
+	// Empty containers do not nest: a deep chain of them ending empty is
+	// as deep as the non-empty ones.
+	deep := append(bytes.Repeat([]byte{0x91}, maxDepth), 0x90)
+	if _, err := readAll(bytes.NewReader(deep), 1<<20); err != io.EOF {
+		t.Fatalf("%d levels around []: %v", maxDepth, err)
+	}
+}
+
+func TestFrameReaderEOF(t *testing.T) {
+	if _, err := newFrameReader(bytes.NewReader(nil), 100).next(); err != io.EOF {
+		t.Fatalf("empty stream: %v; want io.EOF", err)
+	}
+	msg := marshalT(t, []any{0, 1, "ping", []any{}})
+	for i := 1; i < len(msg); i++ {
+		_, err := newFrameReader(bytes.NewReader(msg[:i]), 100).next()
+		if err != io.ErrUnexpectedEOF {
+			t.Fatalf("cut after %d bytes: %v; want io.ErrUnexpectedEOF", i, err)
+		}
+	}
+	if _, err := newFrameReader(bytes.NewReader(unhex(t, "c1")), 100).next(); err == nil || errors.Is(err, errFrameTooLarge) {
+		t.Fatalf("0xc1: %v; want an invalid-code error", err)
+	}
+}
+
+func marshalT(t testing.TB, v any) []byte {
+	t.Helper()
+	p, err := msgpack.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
+// TestParseMessage covers the message layouts parseMessage accepts and
+// which refusals keep the msgid.
+func TestParseMessage(t *testing.T) {
+	dec := msgpack.NewDecoder(nil)
+	for _, tc := range []struct {
+		hex    string
+		hasID  bool
+		ok     bool
+		method string
+		params bool
+	}{
+		{"94 00 07 a3 707574 91 80", true, true, "put", true},
+		{"94 00 07 a4 70696e67 90", true, true, "ping", false},
+		{"94 00 07 a4 70696e67 91 c0", true, true, "ping", false},
+		{"94 00 ce ffffffff a4 70696e67 90", true, true, "ping", false},
+		{"94 00 cd 0001 c4 04 70696e67 90", true, true, "ping", false}, // method as bin
+		{"93 02 a3 707574 91 80", false, true, "put", true},
+		{"94 00 07 05 90", true, false, "", false},
+		{"94 00 07 a4 70696e67 92 80 80", true, false, "", false},
+		{"94 00 07 a4 70696e67 a0", true, false, "", false},
+		{"93 00 07 a4 70696e67", false, false, "", false},
+		{"94 02 07 a4 70696e67", false, false, "", false},
+		{"94 00 cf 0000000100000000 a4 70696e67 90", false, false, "", false},
+		{"80", false, false, "", false},
+	} {
+		m, hasID, err := parseMessage(dec, unhex(t, tc.hex))
+		if hasID != tc.hasID || (err == nil) != tc.ok {
+			t.Errorf("%s: hasID %v, err %v; want hasID %v, ok %v", tc.hex, hasID, err, tc.hasID, tc.ok)
+			continue
+		}
+		if err == nil && (m.method != tc.method || (m.params != nil) != tc.params) {
+			t.Errorf("%s: %+v", tc.hex, m)
+		}
+		if err != nil && hasID {
+			if fe := asError(err); fe.Code != "bad_request" {
+				t.Errorf("%s: %v; want bad_request", tc.hex, err)
+			}
+		}
+	}
+}

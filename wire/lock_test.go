@@ -1,0 +1,180 @@
+package wire_test
+
+import (
+	"context"
+	"errors"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+func TestWithLock(t *testing.T) {
+	ctx := context.Background()
+
+	t.Run("runs fn and releases", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		var token fencekv.Token
+		err := c.WithLock(ctx, "job", 5*time.Second, &wire.LockOptions{AcquireOptions: fencekv.AcquireOptions{Holder: "me"}},
+			func(lctx context.Context, l fencekv.Lease) error {
+				token = l.Token
+				in, err := c.LockInfo(lctx, "job")
+				if err != nil || !in.Held || in.Token != l.Token || in.Holder != "me" {
+					t.Errorf("inside fn: lock_info %+v, %v", in, err)
+				}
+				_, err = c.Put(lctx, b("out"), b("done"), fencekv.WriteOptions{Token: l.Token, Lock: "job"})
+				return err
+			})
+		ok(t, err)
+		in, err := c.LockInfo(ctx, "job")
+		ok(t, err)
+		if in.Held || token == 0 {
+			t.Fatalf("after WithLock: %+v; want released", in)
+		}
+	})
+
+	t.Run("returns fn's error and releases", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		boom := errors.New("boom")
+		if err := c.WithLock(ctx, "job", 5*time.Second, nil, func(context.Context, fencekv.Lease) error { return boom }); err != boom {
+			t.Fatalf("WithLock = %v; want fn's error", err)
+		}
+		if in, _ := c.LockInfo(ctx, "job"); in.Held {
+			t.Fatalf("lock still held after fn failed: %+v", in)
+		}
+	})
+
+	t.Run("does not call fn when the lock is held", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		_, err := c.Acquire(ctx, "job", 5*time.Second, &fencekv.AcquireOptions{Holder: "other"})
+		ok(t, err)
+		err = c.WithLock(ctx, "job", time.Second, nil, func(context.Context, fencekv.Lease) error {
+			t.Error("fn called without the lock")
+			return nil
+		})
+		if fe := wantCode(t, err, fencekv.CodeLockHeld); fe.Holder != "other" {
+			t.Fatalf("lock_held holder %q", fe.Holder)
+		}
+	})
+
+	t.Run("waits its turn", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		other, err := c.Acquire(ctx, "job", 5*time.Second, nil)
+		ok(t, err)
+		done := make(chan error, 1)
+		var got fencekv.Lease
+		go func() {
+			done <- c.WithLock(ctx, "job", time.Second, &wire.LockOptions{AcquireOptions: fencekv.AcquireOptions{Wait: time.Minute}},
+				func(_ context.Context, l fencekv.Lease) error {
+					got = l
+					return nil
+				})
+		}()
+		eventually(t, 10*time.Second, "WithLock to queue", func() bool { return waiters(t, ts.DB, "job") == 1 })
+		ok(t, c.Release(ctx, "job", other.Token))
+		ok(t, <-done)
+		if got.Token <= other.Token {
+			t.Fatalf("queued WithLock ran with token %d; want above %d", got.Token, other.Token)
+		}
+	})
+
+	t.Run("renews keep the lease past its TTL", func(t *testing.T) {
+		// On a fake clock the server's time moves only when told, so the
+		// test can move it past the TTL several times over and see the
+		// renews keep up, without waiting.
+		ts, clock, c := errServer(t, nil)
+		err := c.WithLock(ctx, "job", time.Second, &wire.LockOptions{RenewEvery: 10 * time.Millisecond},
+			func(lctx context.Context, l fencekv.Lease) error {
+				for i := range 6 {
+					clock.Advance(600 * time.Millisecond) // 3.6s in all, on a 1s lease
+					eventually(t, 10*time.Second, "a renew", func() bool {
+						in, err := ts.DB.LockInfo(ctx, "job")
+						return err == nil && in.Held && in.TTL == time.Second
+					})
+					if lctx.Err() != nil {
+						t.Fatalf("lease lost after step %d: %v", i, context.Cause(lctx))
+					}
+				}
+				return nil
+			})
+		ok(t, err)
+	})
+
+	t.Run("a renew refused as not_holder cancels fn", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		other := dial(t, ts.Addr)
+		const ttl = 10 * time.Second
+		var cause error
+		var after time.Duration
+		err := c.WithLock(ctx, "job", ttl, &wire.LockOptions{RenewEvery: 20 * time.Millisecond},
+			func(lctx context.Context, l fencekv.Lease) error {
+				// Someone else ends the lease (an operator with the token).
+				ok(t, other.Release(ctx, "job", l.Token))
+				start := time.Now()
+				select {
+				case <-lctx.Done():
+				case <-time.After(ttl / 2):
+					t.Fatal("fn's context was not cancelled after the lease was released under it")
+				}
+				after, cause = time.Since(start), context.Cause(lctx)
+				return nil
+			})
+		if !errors.Is(err, wire.ErrLeaseLost) || !errors.Is(cause, wire.ErrLeaseLost) {
+			t.Fatalf("WithLock = %v, cause %v; want ErrLeaseLost", err, cause)
+		}
+		if !strings.Contains(cause.Error(), "not_holder") {
+			t.Fatalf("cause %v; want the refused renew", cause)
+		}
+		t.Logf("cancelled %v after the release", after)
+	})
+
+	t.Run("a renew refused as lease_expired cancels fn", func(t *testing.T) {
+		// The server's clock jumps past the TTL (as if this client had been
+		// paused); the client's own deadline, on the real clock, is far off,
+		// so only the refused renew can cancel.
+		_, clock, c := errServer(t, nil)
+		var cause error
+		err := c.WithLock(ctx, "job", 10*time.Second, &wire.LockOptions{RenewEvery: 20 * time.Millisecond},
+			func(lctx context.Context, l fencekv.Lease) error {
+				clock.Advance(11 * time.Second)
+				select {
+				case <-lctx.Done():
+				case <-time.After(5 * time.Second):
+					t.Fatal("fn's context was not cancelled after the lease expired")
+				}
+				cause = context.Cause(lctx)
+				// A write with the old token and the lock is refused now.
+				_, err := c.Put(context.Background(), b("k"), b("v"), fencekv.WriteOptions{Token: l.Token, Lock: "job"})
+				wantCode(t, err, fencekv.CodeLeaseExpired)
+				return nil
+			})
+		if !errors.Is(err, wire.ErrLeaseLost) || !strings.Contains(cause.Error(), "lease_expired") {
+			t.Fatalf("WithLock = %v, cause %v; want ErrLeaseLost from lease_expired", err, cause)
+		}
+	})
+
+	t.Run("parent context cancelled", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		pctx, cancel := context.WithCancel(ctx)
+		err := c.WithLock(pctx, "job", 5*time.Second, nil, func(lctx context.Context, l fencekv.Lease) error {
+			cancel()
+			<-lctx.Done()
+			return lctx.Err()
+		})
+		if !errors.Is(err, context.Canceled) {
+			t.Fatalf("WithLock = %v; want context.Canceled", err)
+		}
+		// The lease is still released, with a context of its own.
+		if in, _ := c.LockInfo(ctx, "job"); in.Held {
+			t.Fatalf("lock still held after the caller gave up: %+v", in)
+		}
+	})
+}

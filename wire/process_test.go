@@ -1,0 +1,369 @@
+//go:build unix
+
+package wire_test
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/exec"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// The tests in this file run real processes on the real clock: a client
+// or a server is stopped with SIGSTOP, which no fake clock can stand in
+// for. The children are this test binary run again with FENCEKV_WIRE_HELPER
+// set; TestHelperClient and TestHelperServer are their bodies.
+
+const (
+	envHelper = "FENCEKV_WIRE_HELPER" // set in children: run the helper body
+	envAddr   = "FENCEKV_WIRE_ADDR"   // client: the server to dial
+	envName   = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
+	envTTL    = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
+	envWait   = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
+	envDir    = "FENCEKV_WIRE_DIR"    // server: data dir
+
+	seedLock = "inventory"
+	seedKey  = "inventory/sku-1"
+)
+
+// say prints a line for the parent, which reads lines starting "helper: ".
+func say(format string, args ...any) {
+	fmt.Printf("helper: "+format+"\n", args...)
+}
+
+// TestHelperClient is client A or B of the seed scenario: it acquires the
+// lock, says its token, optionally waits for a line on stdin, then writes
+// its name to the key with its token and says what the server answered.
+func TestHelperClient(t *testing.T) {
+	if os.Getenv(envHelper) == "" {
+		t.Skip("the body of a child process of TestSeedScenarioProcesses")
+	}
+	ctx := context.Background()
+	name := os.Getenv(envName)
+	ttl, err := strconv.Atoi(os.Getenv(envTTL))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := wire.Dial(ctx, os.Getenv(envAddr))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	l, err := c.Acquire(ctx, seedLock, time.Duration(ttl)*time.Millisecond, &fencekv.AcquireOptions{Holder: name})
+	if err != nil {
+		say("acquire %v", err)
+		t.Fatal(err)
+	}
+	say("token %d", l.Token)
+	if os.Getenv(envWait) == "1" {
+		if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err = c.Put(ctx, []byte(seedKey), []byte(name), fencekv.WriteOptions{Token: l.Token})
+	var fe *fencekv.Error
+	switch {
+	case err == nil:
+		say("put ok")
+	case errors.As(err, &fe):
+		say("put %s fence %d", fe.Code, fe.Fence)
+	default:
+		say("put failed: %v", err)
+	}
+}
+
+// TestHelperServer is a fencekv server: it opens the store in the given
+// dir, listens on 127.0.0.1, says its address, and serves until stdin is
+// closed.
+func TestHelperServer(t *testing.T) {
+	if os.Getenv(envHelper) == "" {
+		t.Skip("the body of a child process of TestWithLockServerPaused")
+	}
+	db, err := fencekv.Open(os.Getenv(envDir), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	srv, err := wire.NewServer(db, wire.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	say("addr %s", ln.Addr())
+	io.Copy(io.Discard, os.Stdin)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	srv.Shutdown(ctx)
+}
+
+// child is a helper process. Cleanup resumes it if it is stopped, kills
+// it by its PID if it is still running, and reaps it.
+type child struct {
+	t      *testing.T
+	name   string
+	cmd    *exec.Cmd
+	stdin  io.WriteCloser
+	lines  chan string   // its stdout, line by line; closed at EOF
+	exited chan struct{} // closed once it has been reaped
+	err    error         // its exit status, once exited is closed
+
+	mu     sync.Mutex // guards stderr
+	stderr bytes.Buffer
+}
+
+func startChild(t *testing.T, name, body string, env ...string) *child {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^"+body+"$", "-test.count=1", "-test.timeout=2m")
+	cmd.Env = append(os.Environ(), append([]string{envHelper + "=1"}, env...)...)
+	c := &child{t: t, name: name, cmd: cmd, lines: make(chan string, 100), exited: make(chan struct{})}
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.stdin = stdin
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	cmd.Stderr = lockedWriter{&c.mu, &c.stderr}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() {
+		sc := bufio.NewScanner(stdout)
+		for sc.Scan() {
+			c.lines <- sc.Text()
+		}
+		close(c.lines)
+		c.err = cmd.Wait() // after the last read from stdout, as Wait requires
+		close(c.exited)
+	}()
+	t.Cleanup(func() {
+		select {
+		case <-c.exited:
+		default:
+			syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
+			cmd.Process.Kill() // by PID
+		}
+		stdin.Close()
+		go func() {
+			for range c.lines { // drain, so the reader can reach Wait
+			}
+		}()
+		<-c.exited
+	})
+	return c
+}
+
+type lockedWriter struct {
+	mu *sync.Mutex
+	w  io.Writer
+}
+
+func (w lockedWriter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.w.Write(p)
+}
+
+// expect returns the rest of the child's next "helper: <prefix>" line,
+// logging other output, and fails the test if none comes within d.
+func (c *child) expect(prefix string, d time.Duration) string {
+	c.t.Helper()
+	timeout := time.After(d)
+	for {
+		select {
+		case line, open := <-c.lines:
+			if !open {
+				c.t.Fatalf("%s exited before saying %q; stderr:\n%s", c.name, prefix, c.stderrText())
+			}
+			if rest, found := strings.CutPrefix(line, "helper: "+prefix); found {
+				return strings.TrimSpace(rest)
+			}
+			c.t.Logf("%s: %s", c.name, line)
+		case <-timeout:
+			c.t.Fatalf("%s did not say %q within %v; stderr:\n%s", c.name, prefix, d, c.stderrText())
+		}
+	}
+}
+
+func (c *child) stderrText() string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.stderr.String()
+}
+
+func (c *child) signal(sig syscall.Signal) {
+	c.t.Helper()
+	if err := syscall.Kill(c.cmd.Process.Pid, sig); err != nil {
+		c.t.Fatalf("signal %v to %s: %v", sig, c.name, err)
+	}
+}
+
+// wait waits for the child to exit and fails the test unless it exited 0.
+func (c *child) wait(d time.Duration) {
+	c.t.Helper()
+	go func() {
+		for line := range c.lines {
+			c.t.Logf("%s: %s", c.name, line)
+		}
+	}()
+	select {
+	case <-c.exited:
+		if c.err != nil {
+			c.t.Fatalf("%s exited with %v; stderr:\n%s", c.name, c.err, c.stderrText())
+		}
+	case <-time.After(d):
+		c.t.Fatalf("%s did not exit within %v", c.name, d)
+	}
+}
+
+// TestSeedScenarioProcesses is DESIGN.md's story over the wire, with real
+// processes: client A gets token 33 and is stopped (SIGSTOP) past its
+// lease; client B gets 34 and writes; A is resumed and writes with 33, and
+// the store refuses it.
+func TestSeedScenarioProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes and real time")
+	}
+	ts := startServer(t, nil)
+	ctx := context.Background()
+	for range 32 { // tokens 1..32, so that A gets 33 as in the story
+		l, err := ts.DB.Acquire(ctx, "warmup", time.Second, nil)
+		ok(t, err)
+		ok(t, ts.DB.Release(ctx, "warmup", l.Token))
+	}
+	const ttl = 500 * time.Millisecond
+	env := func(name, wait string) []string {
+		return []string{envAddr + "=" + ts.Addr, envName + "=" + name, envTTL + "=" + strconv.Itoa(int(ttl.Milliseconds())), envWait + "=" + wait}
+	}
+
+	a := startChild(t, "client A", "TestHelperClient", env("A", "1")...)
+	if tok := a.expect("token", 30*time.Second); tok != "33" {
+		t.Fatalf("A's token %s; want 33", tok)
+	}
+	a.signal(syscall.SIGSTOP)
+	paused := time.Now()
+	// A is frozen; wait, on the real clock, until the server sees its
+	// lease run out.
+	c := dial(t, ts.Addr)
+	eventually(t, 10*time.Second, "A's lease to expire", func() bool {
+		in, err := c.LockInfo(ctx, seedLock)
+		return err == nil && !in.Held
+	})
+	if waited := time.Since(paused); waited < ttl-50*time.Millisecond {
+		t.Fatalf("A's lease ended %v after the pause; its TTL is %v", waited, ttl)
+	}
+
+	bc := startChild(t, "client B", "TestHelperClient", env("B", "0")...)
+	if tok := bc.expect("token", 30*time.Second); tok != "34" {
+		t.Fatalf("B's token %s; want 34", tok)
+	}
+	if res := bc.expect("put", 30*time.Second); res != "ok" {
+		t.Fatalf("B's put: %s", res)
+	}
+	bc.wait(30 * time.Second)
+
+	a.signal(syscall.SIGCONT)
+	if _, err := io.WriteString(a.stdin, "go\n"); err != nil {
+		t.Fatal(err)
+	}
+	if res := a.expect("put", 30*time.Second); res != "stale_token fence 34" {
+		t.Fatalf("A's put after the pause: %q; want stale_token fence 34", res)
+	}
+	a.wait(30 * time.Second)
+
+	e, err := c.Get(ctx, []byte(seedKey))
+	ok(t, err)
+	if string(e.Value) != "B" || e.Fence != 34 {
+		t.Fatalf("%s = %q with fence %d; want B's write with fence 34", seedKey, e.Value, e.Fence)
+	}
+}
+
+// TestWithLockServerPaused runs the server in a child process and stops it
+// with SIGSTOP while a WithLock callback runs: the callback's context must
+// be cancelled with ErrLeaseLost about one TTL after the renews stopped
+// getting through, and not while they were.
+func TestWithLockServerPaused(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes and real time")
+	}
+	srv := startChild(t, "server", "TestHelperServer", envDir+"="+t.TempDir())
+	addr := srv.expect("addr", 30*time.Second)
+	ctx := context.Background()
+	c := dial(t, addr)
+
+	const ttl, every = time.Second, 100 * time.Millisecond
+	var stopped time.Time
+	var lostAfter time.Duration
+	var cause error
+	var token fencekv.Token
+	err := c.WithLock(ctx, "job", ttl, &wire.LockOptions{RenewEvery: every}, func(lctx context.Context, l fencekv.Lease) error {
+		token = l.Token
+		// While the server runs, renews keep the lease: twice its TTL
+		// passes without a cancel.
+		select {
+		case <-lctx.Done():
+			t.Errorf("cancelled while the server was running: %v", context.Cause(lctx))
+			return nil
+		case <-time.After(2 * ttl):
+		}
+		srv.signal(syscall.SIGSTOP)
+		stopped = time.Now()
+		select {
+		case <-lctx.Done():
+			lostAfter, cause = time.Since(stopped), context.Cause(lctx)
+		case <-time.After(ttl + 10*time.Second):
+			t.Errorf("not cancelled %v after the server was stopped", ttl+10*time.Second)
+		}
+		return nil
+	})
+	srv.signal(syscall.SIGCONT)
+	if t.Failed() {
+		return
+	}
+	if !errors.Is(err, wire.ErrLeaseLost) || !errors.Is(cause, wire.ErrLeaseLost) {
+		t.Fatalf("WithLock = %v, cause %v; want ErrLeaseLost", err, cause)
+	}
+	// The last renew that got through was sent at most two periods before
+	// the stop (the one in flight at the stop may be lost), so the client
+	// gives up between TTL-2*every and TTL after the stop; allow for timer
+	// and scheduling slack above.
+	if lostAfter < ttl-2*every-50*time.Millisecond || lostAfter > ttl+time.Second {
+		t.Fatalf("cancelled %v after the server stopped; want about %v", lostAfter, ttl)
+	}
+	t.Logf("cancelled %v after SIGSTOP (TTL %v, renew every %v): %v", lostAfter, ttl, every, cause)
+
+	// The resumed server has measured the same lease on its own clock, from
+	// later: it expires there too, and a held write with the token is
+	// refused.
+	eventually(t, 10*time.Second, "the resumed server to expire the lease", func() bool {
+		in, err := c.LockInfo(ctx, "job")
+		return err == nil && !in.Held
+	})
+	_, err = c.Put(ctx, []byte("k"), []byte("v"), fencekv.WriteOptions{Token: token, Lock: "job"})
+	wantCode(t, err, fencekv.CodeLeaseExpired)
+
+	// Stop the server: closing its stdin asks for a graceful shutdown.
+	c.Close()
+	srv.stdin.Close()
+	srv.wait(30 * time.Second)
+}
