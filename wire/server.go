@@ -10,6 +10,7 @@ import (
 	"net"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -239,8 +240,9 @@ func (s *Server) forget(c *conn) {
 }
 
 // conn is one client connection: a read loop that parses frames and starts
-// a handler goroutine per request, and a write loop that sends the
-// responses, flushing once no more are ready.
+// a handler goroutine per request. Each handler writes its own response,
+// under wmu; the last of the writers queued at a moment flushes, so a burst
+// of responses leaves in one write.
 type conn struct {
 	s  *Server
 	nc net.Conn
@@ -252,8 +254,12 @@ type conn struct {
 	cancel context.CancelFunc
 
 	slots    chan struct{} // one per in-flight request
-	out      chan *encoder // finished responses, to the write loop
 	handlers sync.WaitGroup
+
+	writers atomic.Int32 // handlers waiting for or holding wmu
+	wmu     sync.Mutex   // guards bw, broken
+	bw      *bufio.Writer
+	broken  bool // a write failed: the connection is being torn down
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -261,7 +267,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 		s:     s,
 		nc:    nc,
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
-		out:   make(chan *encoder, s.cfg.MaxInFlight+1),
+		bw:    bufio.NewWriterSize(nc, 64<<10),
 	}
 	c.waits, c.cancel = context.WithCancel(s.base)
 	return c
@@ -277,18 +283,14 @@ var (
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
-	writerDone := make(chan struct{})
-	go c.writeLoop(writerDone)
 	c.readLoop()
 	// No more requests will come: end this connection's blocked acquires
 	// now (their callers are gone, or the server is shutting down), so
 	// that no grant goes to a waiter nobody will release. Other requests
 	// in flight still finish.
 	c.cancel()
-	// Wait for the handlers, then let the writer drain.
+	// Wait for the handlers; their responses are written and flushed.
 	c.handlers.Wait()
-	close(c.out)
-	<-writerDone
 	c.nc.Close()
 }
 
@@ -409,53 +411,53 @@ func (c *conn) finish(m message, e *encoder, err *fencekv.Error) {
 	c.send(m, e)
 }
 
-// send frees the request's in-flight slot and queues its response. Every
-// path through handle ends here exactly once.
+// send writes the response of a request and frees its in-flight slot.
+// Every path through handle ends here exactly once.
 func (c *conn) send(m message, e *encoder) {
-	// The slot is freed before the answer can reach the client. It used to
-	// be freed after, so a client that sent its next request as soon as it
-	// had an answer could find the slot still taken and be refused with
-	// limit_exceeded while it had nothing in flight.
-	<-c.slots
 	if m.typ != typeRequest {
+		<-c.slots
 		encoderPool.Put(e)
 		return
 	}
-	c.out <- e
+	c.write(e, true)
 }
 
-// reply sends an error response from the read loop.
+// reply sends an error response from the read loop (which holds no slot).
 func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 	e := encoderPool.Get().(*encoder)
 	e.response(msgid)
 	e.errorMap(err)
 	e.EncodeNil()
-	c.out <- e
+	c.write(e, false)
 }
 
-func (c *conn) writeLoop(done chan<- struct{}) {
-	defer close(done)
-	bw := bufio.NewWriterSize(c.nc, 64<<10)
-	broken := false
-	for e := range c.out {
-		if !broken {
-			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-			if _, err := bw.Write(e.buf.Bytes()); err != nil {
-				broken = true
-			} else if len(c.out) == 0 {
-				broken = bw.Flush() != nil
-			}
-			if broken {
-				// The peer is gone or not reading: stop the read loop too.
-				c.nc.Close()
-				c.cancel()
-			}
+// write buffers a response and flushes if no other writer is queued behind
+// it. The slot is freed under wmu, before the flush: a client that sends
+// its next request as soon as it has an answer must find the slot free,
+// and handlers blocked on a slow reader still hold their slots, so at most
+// MaxInFlight of them pile up.
+func (c *conn) write(e *encoder, slot bool) {
+	c.writers.Add(1)
+	c.wmu.Lock()
+	if slot {
+		<-c.slots
+	}
+	last := c.writers.Add(-1) == 0
+	if !c.broken {
+		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		_, err := c.bw.Write(e.buf.Bytes())
+		if err == nil && last {
+			err = c.bw.Flush()
 		}
-		if e.buf.Cap() <= 64<<10 {
-			encoderPool.Put(e)
+		if err != nil {
+			// The peer is gone or not reading: stop the read loop too.
+			c.broken = true
+			c.nc.Close()
+			c.cancel()
 		}
 	}
-	if !broken {
-		bw.Flush()
+	c.wmu.Unlock()
+	if e.buf.Cap() <= 64<<10 {
+		encoderPool.Put(e)
 	}
 }
