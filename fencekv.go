@@ -139,8 +139,8 @@ type DB struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
-	mu        sync.Mutex    // guards durable, committed, failed
-	durable   int           // id of the last transaction known durable
+	durable   atomic.Int64  // id of the last transaction known durable; written under mu
+	mu        sync.Mutex    // guards committed, failed
 	committed chan struct{} // closed and replaced after each commit
 	failed    error         // set when a commit failed; writes are refused after
 
@@ -192,7 +192,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	})
 	if err == nil {
 		err = store.View(func(tx *kv.Tx) error {
-			db.durable = tx.ID()
+			db.durable.Store(int64(tx.ID()))
 			return nil
 		})
 	}
@@ -381,7 +381,7 @@ func (db *DB) commitBatch(batch []*request) {
 		return
 	}
 	db.mu.Lock()
-	db.durable = id
+	db.durable.Store(int64(id))
 	close(db.committed)
 	db.committed = make(chan struct{})
 	db.mu.Unlock()
@@ -525,11 +525,12 @@ func (db *DB) view(fn func(tx *kv.Tx, now time.Duration) error) error {
 		return errorf(CodeUnavailable, "%v", err)
 	}
 	defer tx.Rollback()
-	for {
+	for int64(tx.ID()) > db.durable.Load() {
 		db.mu.Lock()
-		durable, ch, failed := db.durable, db.committed, db.failed
+		ch, failed := db.committed, db.failed
+		durable := db.durable.Load()
 		db.mu.Unlock()
-		if tx.ID() <= durable {
+		if int64(tx.ID()) <= durable {
 			break
 		}
 		if failed != nil {

@@ -154,16 +154,39 @@ func (s *Store) Begin(writable bool) (*Tx, error) {
 	if err != nil {
 		return nil, fmt.Errorf("kv: begin: %w", err)
 	}
-	t := &Tx{
-		tx:    btx,
-		meta:  btx.Bucket(bucketMeta),
-		keys:  btx.Bucket(bucketKeys),
-		locks: btx.Bucket(bucketLocks),
+	t := &Tx{tx: btx}
+	if writable {
+		t.counters()
 	}
+	return t, nil
+}
+
+// Buckets and counters are looked up on first use: most read-only
+// transactions (a get) need only the keys bucket.
+
+func (t *Tx) keysBucket() *bolt.Bucket {
+	if t.keys == nil {
+		t.keys = t.tx.Bucket(bucketKeys)
+	}
+	return t.keys
+}
+
+func (t *Tx) locksBucket() *bolt.Bucket {
+	if t.locks == nil {
+		t.locks = t.tx.Bucket(bucketLocks)
+	}
+	return t.locks
+}
+
+// counters loads the revision, last token and live key count once.
+func (t *Tx) counters() {
+	if t.meta != nil {
+		return
+	}
+	t.meta = t.tx.Bucket(bucketMeta)
 	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
 	t.lastToken = Token(getU64(t.meta.Get(metaLastToken)))
 	t.live = getU64(t.meta.Get(metaLiveKeys))
-	return t, nil
 }
 
 // View runs fn in a read-only transaction.
@@ -194,7 +217,7 @@ func (s *Store) Update(fn func(*Tx) error) error {
 // live keys) are cached in the Tx and written back by Commit.
 type Tx struct {
 	tx                *bolt.Tx
-	meta, keys, locks *bolt.Bucket
+	meta, keys, locks *bolt.Bucket // nil until first used; meta set means the counters are loaded
 
 	rev       Revision
 	lastToken Token
@@ -235,13 +258,22 @@ func (t *Tx) Rollback() {
 }
 
 // Revision is the store-wide revision: the number of accepted writes.
-func (t *Tx) Revision() Revision { return t.rev }
+func (t *Tx) Revision() Revision {
+	t.counters()
+	return t.rev
+}
 
 // LastToken is the highest token ever issued.
-func (t *Tx) LastToken() Token { return t.lastToken }
+func (t *Tx) LastToken() Token {
+	t.counters()
+	return t.lastToken
+}
 
 // Keys is the number of live (not deleted) keys.
-func (t *Tx) Keys() uint64 { return t.live }
+func (t *Tx) Keys() uint64 {
+	t.counters()
+	return t.live
+}
 
 // NextToken issues the next token of the store-wide sequence (G1). The new
 // high-water mark is written by Commit, in the transaction that issues it.
@@ -276,7 +308,7 @@ func (t *Tx) Get(key []byte) Entry {
 // get decodes the key's record. It copies the value when copyValue is set;
 // otherwise the value aliases bbolt memory valid only until the next write.
 func (t *Tx) get(key []byte, copyValue bool) (Entry, bool) {
-	raw := t.keys.Get(key)
+	raw := t.keysBucket().Get(key)
 	e := Entry{Key: key}
 	if len(raw) < recHeader {
 		return e, false
@@ -324,7 +356,7 @@ func (t *Tx) write(key, value []byte, live bool, fence Token, wasLive bool) (Rev
 	binary.BigEndian.PutUint64(rec[1:9], uint64(fence))
 	binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
 	copy(rec[recHeader:], value)
-	if err := t.keys.Put(key, rec); err != nil {
+	if err := t.keysBucket().Put(key, rec); err != nil {
 		return 0, err
 	}
 	t.rev = rev
@@ -423,7 +455,7 @@ func (t *Tx) Incr(key []byte, delta int64, w Write) (int64, Entry, error) {
 // keys match.
 func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, more bool) {
 	size := 0
-	c := t.keys.Cursor()
+	c := t.keysBucket().Cursor()
 	from := prefix
 	if bytes.Compare(start, prefix) > 0 {
 		from = start
@@ -450,24 +482,24 @@ func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, mor
 // Lock returns the stored lease record of a lock, or nil. The slice is a
 // copy.
 func (t *Tx) Lock(name []byte) []byte {
-	return bytes.Clone(t.locks.Get(name))
+	return bytes.Clone(t.locksBucket().Get(name))
 }
 
 // PutLock stores a lock's lease record.
 func (t *Tx) PutLock(name, rec []byte) error {
-	return t.locks.Put(name, rec)
+	return t.locksBucket().Put(name, rec)
 }
 
 // DeleteLock removes a lock's lease record.
 func (t *Tx) DeleteLock(name []byte) error {
-	return t.locks.Delete(name)
+	return t.locksBucket().Delete(name)
 }
 
 // Locks calls fn for each lock record whose name starts with prefix and is
 // >= start, in byte order, until fn returns false. The slices are valid only
 // during the call.
 func (t *Tx) Locks(prefix, start []byte, fn func(name, rec []byte) bool) {
-	c := t.locks.Cursor()
+	c := t.locksBucket().Cursor()
 	from := prefix
 	if bytes.Compare(start, prefix) > 0 {
 		from = start

@@ -257,7 +257,7 @@ func TestDeleteMissing(t *testing.T) {
 			if tx.Revision() != 0 {
 				t.Errorf("store revision = %d; want 0", tx.Revision())
 			}
-			if tx.keys.Get([]byte("nope")) != nil {
+			if tx.keysBucket().Get([]byte("nope")) != nil {
 				t.Errorf("a tokenless delete of a missing key left a record")
 			}
 			return nil

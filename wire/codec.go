@@ -26,6 +26,7 @@ type message struct {
 	msgid  uint32
 	method string
 	params []byte
+	slot   bool // it holds one of its connection's in-flight slots
 }
 
 // errNoID is returned by parseMessage when the message is so malformed

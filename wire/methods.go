@@ -11,6 +11,10 @@ import (
 // error and writes nothing.
 type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
 
+// readOnly are the methods the read loop serves itself: they never wait for
+// the commit loop or a lock.
+var readOnly = map[string]bool{"ping": true, "get": true, "lock_info": true, "status": true}
+
 // methods is the protocol: one entry per method of PROTOCOL.md.
 var methods = map[string]method{
 	"ping":      ping,

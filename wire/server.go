@@ -312,8 +312,17 @@ func (c *conn) readLoop() {
 			c.reply(m.msgid, nil, asError(err))
 			continue
 		}
+		if readOnly[m.method] && m.typ == typeRequest {
+			// Reads take microseconds and never block on the commit
+			// loop (at most on the fsync of a commit they see): serve
+			// them here, without a goroutine or an in-flight slot.
+			c.handlers.Add(1)
+			c.handle(m)
+			continue
+		}
 		select {
 		case c.slots <- struct{}{}:
+			m.slot = true
 		default:
 			if m.typ == typeRequest {
 				c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded,
@@ -357,8 +366,8 @@ func (c *conn) handle(m message) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.s.log.Error("panic serving request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
-			// send was not reached (it cannot panic), so the slot is still
-			// held: finish frees it and answers a request.
+			// send was not reached (it cannot panic), so the slot, if any,
+			// is still held: finish frees it and answers a request.
 			e := encoderPool.Get().(*encoder)
 			e.response(m.msgid)
 			c.finish(m, e, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("internal error serving %s", m.method)})
@@ -415,11 +424,13 @@ func (c *conn) finish(m message, e *encoder, err *fencekv.Error) {
 // Every path through handle ends here exactly once.
 func (c *conn) send(m message, e *encoder) {
 	if m.typ != typeRequest {
-		<-c.slots
+		if m.slot {
+			<-c.slots
+		}
 		encoderPool.Put(e)
 		return
 	}
-	c.write(e, true)
+	c.write(e, m.slot)
 }
 
 // reply sends an error response from the read loop (which holds no slot).

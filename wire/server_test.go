@@ -686,8 +686,11 @@ func TestErrorCodes(t *testing.T) {
 			}()
 		}
 		eventually(t, 10*time.Second, "two queued acquires", func() bool { return waiters(t, ts.DB, "L") == 2 })
-		_, err = blocked.Ping(ctx)
+		_, err = blocked.Put(ctx, b("k"), b("v"), fencekv.WriteOptions{})
 		wantCode(t, err, fencekv.CodeLimitExceeded)
+		// Reads take no slot.
+		_, err = blocked.Ping(ctx)
+		ok(t, err)
 		// Other connections are not limited by this one.
 		_, err = c.Ping(ctx)
 		ok(t, err)
