@@ -2,6 +2,7 @@ package fencekv
 
 import (
 	"context"
+	"errors"
 	"strconv"
 	"time"
 
@@ -251,6 +252,17 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, wait time.Duratio
 		if !db.leases.Cancel(w) {
 			<-w.Done()
 			return granted()
+		}
+		// The lease in the way may have run out without the expiry loop
+		// having handed the lock on yet: one last try without waiting. It
+		// still goes behind anyone queued (the commit loop expires and
+		// hands off to them first).
+		r := db.exec(ctx, Command{Op: OpAcquire, Lease: w.Req})
+		if r.Err == nil {
+			return Lease{Name: w.Req.Name, Token: r.Grant.Token, TTL: r.Grant.TTL}, nil
+		}
+		if !errors.Is(r.Err, ErrLockHeld) {
+			return Lease{}, r.Err
 		}
 		return Lease{}, db.lockHeld(w.Req.Name)
 	case <-ctx.Done():
