@@ -430,29 +430,33 @@ func TestG2FenceSurvivesDelete(t *testing.T) {
 	}
 }
 
-// TestG2DeleteMissing: a tokenless delete of a missing key is a no-op; one
-// with a token raises the fence and the revision.
+// TestG2DeleteMissing: a tokenless delete of a missing key is accepted and
+// advances only the store's revision; one with a token also raises the
+// fence.
 func TestG2DeleteMissing(t *testing.T) {
 	db, _ := newDB(t)
 	ctx := context.Background()
 	deleted, res, err := db.Delete(ctx, []byte("ghost"), fencekv.WriteOptions{})
-	if err != nil || deleted || res != (fencekv.WriteResult{}) {
-		t.Fatalf("tokenless delete of a missing key = %v, %+v, %v; want not deleted, zero result", deleted, res, err)
+	if err != nil || deleted || res != (fencekv.WriteResult{Revision: 1}) {
+		t.Fatalf("tokenless delete of a missing key = %v, %+v, %v; want not deleted, fence 0, revision 1", deleted, res, err)
 	}
-	if s := status(t, db); s.Revision != 0 {
-		t.Fatalf("revision after a tokenless delete of a missing key = %d; want 0", s.Revision)
+	if s := status(t, db); s.Revision != 1 || s.Keys != 0 {
+		t.Fatalf("status after a tokenless delete of a missing key = revision %d, keys %d; want 1, 0", s.Revision, s.Keys)
+	}
+	if e := getKey(t, db, "ghost"); e.Found || e.Fence != 0 || e.Revision != 0 {
+		t.Fatalf("get = %+v; want missing, fence 0, revision 0", e)
 	}
 	deleted, res, err = db.Delete(ctx, []byte("ghost"), fencekv.WriteOptions{Token: 12})
-	if err != nil || deleted || res.Fence != 12 || res.Revision != 1 {
-		t.Fatalf("delete with token of a missing key = %v, %+v, %v; want not deleted, fence 12, revision 1", deleted, res, err)
+	if err != nil || deleted || res.Fence != 12 || res.Revision != 2 {
+		t.Fatalf("delete with token of a missing key = %v, %+v, %v; want not deleted, fence 12, revision 2", deleted, res, err)
 	}
 	if e := getKey(t, db, "ghost"); e.Found || e.Fence != 12 {
 		t.Fatalf("get = %+v; want not found with fence 12", e)
 	}
 	_, err = db.Put(ctx, []byte("ghost"), []byte("x"), fencekv.WriteOptions{Token: 11})
 	wantErr(t, err, fencekv.CodeStaleToken)
-	if s := status(t, db); s.Revision != 1 || s.Keys != 0 {
-		t.Fatalf("status = revision %d, keys %d; want 1, 0", s.Revision, s.Keys)
+	if s := status(t, db); s.Revision != 2 || s.Keys != 0 {
+		t.Fatalf("status = revision %d, keys %d; want 2, 0", s.Revision, s.Keys)
 	}
 }
 

@@ -133,7 +133,8 @@ func (m *model) write(w modelWrite) writeOutcome {
 	switch w.op {
 	case fencekv.OpDelete:
 		if !cur.live && w.token == 0 {
-			return writeOutcome{res: fencekv.WriteResult{Fence: fence}}
+			m.rev++ // changes no key, but advances the store's revision
+			return writeOutcome{res: fencekv.WriteResult{Fence: fence, Revision: m.rev}}
 		}
 		m.rev++
 		*m.key(w.key) = modelKey{fence: fence, rev: m.rev}

@@ -393,9 +393,10 @@ func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
 }
 
 // Delete removes key if the fence rule accepts w. The fence survives. A
-// delete of a missing key that carries a token still raises the fence and
-// the revision; a tokenless delete of a missing key changes nothing.
-// deleted reports whether a live key was removed.
+// delete of a missing key that carries a token still raises the fence (and
+// keeps a tombstone for it); a tokenless one only advances the store's
+// revision, as every accepted write does. deleted reports whether a live
+// key was removed.
 func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 	cur, _ := t.get(key, false)
 	if err := check(cur.Fence, w); err != nil {
@@ -403,7 +404,11 @@ func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 	}
 	fence := raise(cur.Fence, w)
 	if !cur.Found && w.Token == 0 {
-		return false, Entry{Key: key, Fence: fence}, nil
+		// An accepted write like any other, so it advances the store's
+		// revision; there is nothing to record for the key.
+		t.rev++
+		t.dirty = true
+		return false, Entry{Key: key, Fence: fence, Revision: t.rev}, nil
 	}
 	rev, err := t.write(key, nil, false, fence, cur.Found)
 	if err != nil {

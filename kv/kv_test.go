@@ -244,18 +244,18 @@ func TestDeleteKeepsFence(t *testing.T) {
 }
 
 func TestDeleteMissing(t *testing.T) {
-	t.Run("tokenless is a no-op", func(t *testing.T) {
+	t.Run("tokenless advances only the revision", func(t *testing.T) {
 		s := openStore(t)
 		update(t, s, func(tx *Tx) {
 			deleted, e, err := tx.Delete([]byte("nope"), Write{})
 			wantCode(t, err, "")
-			if deleted || e.Fence != 0 || e.Revision != 0 {
-				t.Fatalf("delete = %v, %+v; want not deleted, fence 0, revision 0", deleted, e)
+			if deleted || e.Fence != 0 || e.Revision != 1 {
+				t.Fatalf("delete = %v, %+v; want not deleted, fence 0, revision 1", deleted, e)
 			}
 		})
 		_ = s.View(func(tx *Tx) error {
-			if tx.Revision() != 0 {
-				t.Errorf("store revision = %d; want 0", tx.Revision())
+			if tx.Revision() != 1 {
+				t.Errorf("store revision = %d; want 1", tx.Revision())
 			}
 			if tx.keysBucket().Get([]byte("nope")) != nil {
 				t.Errorf("a tokenless delete of a missing key left a record")

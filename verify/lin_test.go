@@ -317,8 +317,11 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 			return w, false
 		}
 		if !k.Found && in.Token == 0 {
-			// Changes nothing, not even the revision.
-			return w, out.Unknown || !out.Deleted && out.Fence == k.Fence && out.Rev == 0
+			// Changes no key, but advances the store's revision.
+			if !out.Unknown && out.Deleted {
+				return w, false
+			}
+			return w.written(in.Key, k, out)
 		}
 		if !out.Unknown && out.Deleted != k.Found {
 			return w, false
