@@ -1,6 +1,8 @@
 package fencekv
 
 import (
+	"encoding/binary"
+	"errors"
 	"time"
 
 	"github.com/fencekv/fencekv/kv"
@@ -97,4 +99,109 @@ func apply(tx *kv.Tx, leases *lease.Manager, c *Command) (r Result) {
 		r.Err = kv.Errorf(kv.CodeBadRequest, "unknown command %d", c.Op)
 	}
 	return r
+}
+
+// appendCommand appends c's binary encoding, as the write-ahead log keeps
+// it, to b. Every field is written, so that replay applies exactly the
+// command that was applied before.
+func appendCommand(b []byte, c *Command) []byte {
+	b = append(b, byte(c.Op))
+	b = binary.AppendVarint(b, int64(c.Now))
+	b = appendBytes(b, c.Key)
+	b = appendBytes(b, c.Value)
+	b = binary.AppendUvarint(b, uint64(c.Revision))
+	b = binary.AppendVarint(b, c.Delta)
+	b = binary.AppendUvarint(b, uint64(c.Write.Token))
+	var strict byte
+	if c.Write.Strict {
+		strict = 1
+	}
+	b = append(b, strict)
+	b = appendBytes(b, []byte(c.Lock))
+	b = appendBytes(b, []byte(c.Lease.Name))
+	b = binary.AppendVarint(b, int64(c.Lease.TTL))
+	b = appendBytes(b, []byte(c.Lease.Holder))
+	b = binary.AppendVarint(b, int64(c.Lease.LockDelay))
+	return binary.AppendUvarint(b, uint64(c.Token))
+}
+
+func appendBytes(b, v []byte) []byte {
+	b = binary.AppendUvarint(b, uint64(len(v)))
+	return append(b, v...)
+}
+
+// errBadCommand is returned by readCommand for bytes appendCommand did not
+// write.
+var errBadCommand = errors.New("fencekv: malformed command in the log")
+
+// readCommand decodes one command from the front of b and returns the rest.
+func readCommand(b []byte) (Command, []byte, error) {
+	var c Command
+	r := cmdReader{b: b}
+	c.Op = Op(r.byte())
+	c.Now = time.Duration(r.varint())
+	c.Key = r.bytes()
+	c.Value = r.bytes()
+	c.Revision = Revision(r.uvarint())
+	c.Delta = r.varint()
+	c.Write.Token = Token(r.uvarint())
+	c.Write.Strict = r.byte() == 1
+	c.Lock = string(r.bytes())
+	c.Lease.Name = string(r.bytes())
+	c.Lease.TTL = time.Duration(r.varint())
+	c.Lease.Holder = string(r.bytes())
+	c.Lease.LockDelay = time.Duration(r.varint())
+	c.Token = Token(r.uvarint())
+	if r.bad || c.Op < OpPut || c.Op > OpExpire {
+		return Command{}, nil, errBadCommand
+	}
+	return c, r.b, nil
+}
+
+// cmdReader reads the pieces of an encoded command; bad is set, and zero
+// values returned, once the bytes run out or a length is impossible.
+type cmdReader struct {
+	b   []byte
+	bad bool
+}
+
+func (r *cmdReader) byte() byte {
+	if len(r.b) == 0 {
+		r.bad = true
+		return 0
+	}
+	v := r.b[0]
+	r.b = r.b[1:]
+	return v
+}
+
+func (r *cmdReader) uvarint() uint64 {
+	v, n := binary.Uvarint(r.b)
+	if n <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *cmdReader) varint() int64 {
+	v, n := binary.Varint(r.b)
+	if n <= 0 {
+		r.bad = true
+		return 0
+	}
+	r.b = r.b[n:]
+	return v
+}
+
+func (r *cmdReader) bytes() []byte {
+	n := r.uvarint()
+	if r.bad || n > uint64(len(r.b)) {
+		r.bad = true
+		return nil
+	}
+	v := r.b[:n:n]
+	r.b = r.b[n:]
+	return v
 }

@@ -54,6 +54,7 @@ package fencekv
 
 import (
 	"context"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -65,13 +66,18 @@ import (
 
 	"github.com/fencekv/fencekv/kv"
 	"github.com/fencekv/fencekv/lease"
+	"github.com/fencekv/fencekv/wal"
 )
 
 // Version is the version of fencekv.
 const Version = "0.1.0"
 
-// DataFile is the name of the bbolt file inside a data dir.
-const DataFile = "fencekv.db"
+// DataFile is the name of the bbolt file inside a data dir, and LogFile
+// the name of its write-ahead log.
+const (
+	DataFile = "fencekv.db"
+	LogFile  = "fencekv.wal"
+)
 
 // Options configure a DB. Use DefaultOptions and change what you need; a
 // nil *Options to Open means the defaults.
@@ -93,6 +99,12 @@ type Options struct {
 	MaxScanBytes int           // a Scan stops after about this many bytes of keys and values
 	MaxBatch     int           // most commands in one transaction
 	QueueDepth   int           // commands waiting for the commit loop
+
+	// CheckpointEvery and CheckpointBytes say how often the data file is
+	// brought up to date with the write-ahead log (and the log emptied):
+	// after this much time with writes, or this many bytes of log.
+	CheckpointEvery time.Duration
+	CheckpointBytes int64
 }
 
 // DefaultOptions returns the defaults documented in README.md.
@@ -109,6 +121,9 @@ func DefaultOptions() Options {
 		MaxScanBytes: 2 << 20,
 		MaxBatch:     1024,
 		QueueDepth:   8192,
+
+		CheckpointEvery: 200 * time.Millisecond,
+		CheckpointBytes: 64 << 20,
 	}
 }
 
@@ -118,6 +133,8 @@ func (o *Options) validate() error {
 		return errors.New("fencekv: size limits must be positive")
 	case o.MinTTL <= 0 || o.MaxTTL < o.MinTTL:
 		return fmt.Errorf("fencekv: bad TTL range %v..%v", o.MinTTL, o.MaxTTL)
+	case o.CheckpointEvery <= 0 || o.CheckpointBytes <= 0:
+		return errors.New("fencekv: CheckpointEvery and CheckpointBytes must be positive")
 	case o.MaxLockDelay < 0 || o.MaxWait < 0 || o.MaxWaiters < 0:
 		return errors.New("fencekv: MaxLockDelay, MaxWait and MaxWaiters must not be negative")
 	}
@@ -139,10 +156,17 @@ type DB struct {
 	stop   chan struct{}
 	wg     sync.WaitGroup
 
-	durable   atomic.Int64  // id of the last transaction known durable; written under mu
-	mu        sync.Mutex    // guards committed, failed
-	committed chan struct{} // closed and replaced after each commit
-	failed    error         // set when a commit failed; writes are refused after
+	log_ *wal.Log // the write-ahead log; used only by the commit loop (and Open, Close)
+
+	// Owned by the commit loop:
+	seq       uint64    // the last log record written
+	rec       []byte    // the log record being built for the current batch
+	logged    int       // commands in rec
+	sinceCkpt int       // log records since the last checkpoint
+	lastCkpt  time.Time // when the last checkpoint ended
+
+	mu     sync.Mutex // guards failed
+	failed error      // set when the log or a checkpoint failed; writes are refused after
 
 	commits  atomic.Uint64
 	commands atomic.Uint64
@@ -170,15 +194,21 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	// The data file's lock (taken by kv.Open) also guards the log.
+	log_, recs, err := wal.Open(filepath.Join(dir, LogFile))
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
 	db := &DB{
-		opts:      o,
-		log:       o.Logger,
-		clock:     o.Clock,
-		store:     store,
-		leases:    lease.NewManager(),
-		reqs:      make(chan *request, o.QueueDepth),
-		stop:      make(chan struct{}),
-		committed: make(chan struct{}),
+		opts:   o,
+		log:    o.Logger,
+		clock:  o.Clock,
+		store:  store,
+		log_:   log_,
+		leases: lease.NewManager(),
+		reqs:   make(chan *request, o.QueueDepth),
+		stop:   make(chan struct{}),
 	}
 	if db.log == nil {
 		db.log = slog.New(slog.DiscardHandler)
@@ -187,19 +217,18 @@ func Open(dir string, opts *Options) (*DB, error) {
 		db.clock = realClock{}
 	}
 	db.epoch = db.clock.Now()
-	err = store.Update(func(tx *kv.Tx) error {
-		return db.leases.Rearm(tx, db.now())
-	})
+	err = db.replay(recs)
 	if err == nil {
-		err = store.View(func(tx *kv.Tx) error {
-			db.durable.Store(int64(tx.ID()))
-			return nil
+		err = store.Update(func(tx *kv.Tx) error {
+			return db.leases.Rearm(tx, db.now())
 		})
 	}
 	if err != nil {
 		store.Close()
+		log_.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
+	db.lastCkpt = db.clock.Now()
 	db.wg.Add(2)
 	go db.commitLoop()
 	go db.expiryLoop()
@@ -221,7 +250,7 @@ func (db *DB) Close() error {
 		db.sendMu.Unlock()
 		close(db.stop)
 		db.wg.Wait()
-		db.closeErr = db.store.Close()
+		db.closeErr = errors.Join(db.checkpoint(), db.store.Close(), db.log_.Close())
 	})
 	return db.closeErr
 }
@@ -297,14 +326,16 @@ func (db *DB) commitLoop() {
 			return
 		}
 		batch = append(batch[:0], r)
+		size := len(r.cmd.Key) + len(r.cmd.Value)
 	gather:
-		for len(batch) < db.opts.MaxBatch {
+		for len(batch) < db.opts.MaxBatch && size < maxBatchBytes {
 			select {
 			case r, ok := <-db.reqs:
 				if !ok {
 					break gather
 				}
 				batch = append(batch, r)
+				size += len(r.cmd.Key) + len(r.cmd.Value)
 			default:
 				break gather
 			}
@@ -313,6 +344,10 @@ func (db *DB) commitLoop() {
 		clear(batch)
 	}
 }
+
+// maxBatchBytes bounds the keys and values of one batch, and so the size of
+// its log record.
+const maxBatchBytes = 32 << 20
 
 // handoff is a grant made to a queued waiter, answered after commit.
 type handoff struct {
@@ -326,7 +361,7 @@ func (db *DB) commitBatch(batch []*request) {
 	db.mu.Unlock()
 	var tx *kv.Tx
 	if failed == nil {
-		tx, failed = db.store.Begin(true)
+		tx, failed = db.store.Writer()
 	}
 	if failed != nil {
 		for _, r := range batch {
@@ -337,6 +372,7 @@ func (db *DB) commitBatch(batch []*request) {
 	}
 	now := db.now()
 	var handed []handoff
+	db.startRecord()
 	for _, r := range batch {
 		c := &r.cmd
 		c.Now = now
@@ -345,7 +381,7 @@ func (db *DB) commitBatch(batch []*request) {
 			// expire it now and hand the lock to the head of the queue.
 			handed = db.expire(tx, now, c.Lease.Name, handed)
 		}
-		r.res = apply(tx, db.leases, c)
+		r.res = db.apply(tx, c)
 		if c.Op == OpAcquire && r.wait > 0 && errors.Is(r.res.Err, ErrLockHeld) {
 			w := lease.NewWaiter(c.Lease)
 			if err := db.leases.Enqueue(w, db.opts.MaxWaiters); err != nil {
@@ -358,15 +394,9 @@ func (db *DB) commitBatch(batch []*request) {
 			handed = db.handOff(tx, now, c.Lease.Name, handed)
 		}
 	}
-	id := tx.ID()
-	if err := tx.Commit(); err != nil {
-		db.log.Error("commit failed; refusing writes until restart", "err", err)
-		db.mu.Lock()
-		db.failed = err
-		close(db.committed)
-		db.committed = make(chan struct{})
-		db.mu.Unlock()
-		fail := errorf(CodeUnavailable, "commit failed: %v", err)
+	if err := db.writeRecord(); err != nil {
+		db.fail(err)
+		fail := errorf(CodeUnavailable, "the write-ahead log failed: %v", err)
 		for _, r := range batch {
 			r.res = Result{Err: fail}
 			if r.waiter != nil {
@@ -380,11 +410,7 @@ func (db *DB) commitBatch(batch []*request) {
 		}
 		return
 	}
-	db.mu.Lock()
-	db.durable.Store(int64(id))
-	close(db.committed)
-	db.committed = make(chan struct{})
-	db.mu.Unlock()
+	db.store.Publish()
 	db.commits.Add(1)
 	db.commands.Add(uint64(len(batch) + len(handed)))
 	for _, r := range batch {
@@ -393,12 +419,127 @@ func (db *DB) commitBatch(batch []*request) {
 	for _, h := range handed {
 		h.w.Finish(h.res.Grant, h.res.Err)
 	}
+	if db.sinceCkpt > 0 && (db.clock.Now().Sub(db.lastCkpt) >= db.opts.CheckpointEvery || db.log_.Size() >= db.opts.CheckpointBytes) {
+		if err := db.checkpoint(); err != nil {
+			db.fail(err)
+		}
+	}
+}
+
+// fail stops the DB accepting writes after its log or data file failed.
+// What was acknowledged is durable in the log; a restart replays it.
+func (db *DB) fail(err error) {
+	db.log.Error("the store failed; refusing writes until restart", "err", err)
+	db.store.Abort()
+	db.mu.Lock()
+	db.failed = err
+	db.mu.Unlock()
+}
+
+// apply applies c and, if it changed anything, adds it to the batch's log
+// record.
+func (db *DB) apply(tx *kv.Tx, c *Command) Result {
+	r := apply(tx, db.leases, c)
+	if r.Err == nil {
+		db.rec = appendCommand(db.rec, c)
+		db.logged++
+	}
+	return r
+}
+
+// startRecord begins the log record of a batch: its sequence number, then
+// the commands that change state, in the order they were applied.
+func (db *DB) startRecord() {
+	db.rec = binary.BigEndian.AppendUint64(db.rec[:0], db.seq+1)
+	db.logged = 0
+}
+
+// writeRecord appends the batch's record to the log and syncs it (G6). A
+// batch that changed nothing writes nothing.
+func (db *DB) writeRecord() error {
+	if db.logged == 0 {
+		return nil
+	}
+	if err := db.log_.Append(db.rec); err != nil {
+		return err
+	}
+	if !db.opts.NoSync {
+		if err := db.log_.Sync(); err != nil {
+			return err
+		}
+	}
+	db.seq++
+	db.sinceCkpt++
+	if cap(db.rec) > 4<<20 {
+		db.rec = nil // do not keep a huge buffer for good
+	}
+	return nil
+}
+
+// checkpoint commits the data file up to the last log record and empties
+// the log. Called by the commit loop, and by Close after it ended.
+func (db *DB) checkpoint() error {
+	db.mu.Lock()
+	failed := db.failed
+	db.mu.Unlock()
+	if failed != nil || db.sinceCkpt == 0 {
+		return nil
+	}
+	if err := db.store.Checkpoint(db.seq); err != nil {
+		return fmt.Errorf("fencekv: checkpoint: %w", err)
+	}
+	db.log_.Reset()
+	db.sinceCkpt = 0
+	db.lastCkpt = db.clock.Now()
+	return nil
+}
+
+// replay applies the log records the data file does not reflect yet (those
+// after its last checkpoint), then checkpoints. Called by Open.
+func (db *DB) replay(recs [][]byte) error {
+	applied, err := db.store.Applied()
+	if err != nil {
+		return err
+	}
+	db.seq = applied
+	for _, rec := range recs {
+		if len(rec) < 8 {
+			return errBadCommand
+		}
+		seq := binary.BigEndian.Uint64(rec)
+		if seq <= applied {
+			continue // already in the data file
+		}
+		if seq != db.seq+1 {
+			return fmt.Errorf("fencekv: the log jumps from record %d to %d", db.seq, seq)
+		}
+		tx, err := db.store.Writer()
+		if err != nil {
+			return err
+		}
+		for b := rec[8:]; len(b) > 0; {
+			var c Command
+			if c, b, err = readCommand(b); err != nil {
+				return err
+			}
+			if r := apply(tx, db.leases, &c); r.Err != nil {
+				return fmt.Errorf("fencekv: replaying record %d: %v %w", seq, c.Op, r.Err)
+			}
+		}
+		db.seq = seq
+		db.sinceCkpt++
+	}
+	if db.sinceCkpt > 0 {
+		db.log.Info("replayed the write-ahead log", "records", db.sinceCkpt, "last", db.seq)
+	}
+	db.sinceCkpt = max(db.sinceCkpt, len(recs)) // a log of applied records is emptied too
+	return db.checkpoint()
 }
 
 // expire applies what is due on a lock, and hands it to a waiter if that
 // freed it.
 func (db *DB) expire(tx *kv.Tx, now time.Duration, name string, handed []handoff) []handoff {
-	res := apply(tx, db.leases, &Command{Op: OpExpire, Now: now, Lease: lease.Request{Name: name}})
+	res := db.apply(tx, &Command{Op: OpExpire, Now: now, Lease: lease.Request{Name: name}})
 	if res.Err != nil {
 		db.log.Error("expire failed", "lock", name, "err", res.Err)
 	}
@@ -416,7 +557,7 @@ func (db *DB) handOff(tx *kv.Tx, now time.Duration, name string, handed []handof
 		if w == nil {
 			return handed
 		}
-		res := apply(tx, db.leases, &Command{Op: OpAcquire, Now: now, Lease: w.Req})
+		res := db.apply(tx, &Command{Op: OpAcquire, Now: now, Lease: w.Req})
 		handed = append(handed, handoff{w, res})
 		if res.Err == nil {
 			return handed
@@ -516,27 +657,14 @@ send:
 	return ok
 }
 
-// view runs fn in a read-only transaction that sees only durable state: if
-// the snapshot includes a commit whose fsync has not returned yet, it waits
-// for it (and fails if it failed).
+// view runs fn in a read-only transaction. It sees every acknowledged
+// command and nothing that is not yet durable: the store publishes a batch
+// to readers only after its log record is synced.
 func (db *DB) view(fn func(tx *kv.Tx, now time.Duration) error) error {
 	tx, err := db.store.Begin(false)
 	if err != nil {
 		return errorf(CodeUnavailable, "%v", err)
 	}
 	defer tx.Rollback()
-	for int64(tx.ID()) > db.durable.Load() {
-		db.mu.Lock()
-		ch, failed := db.committed, db.failed
-		durable := db.durable.Load()
-		db.mu.Unlock()
-		if int64(tx.ID()) <= durable {
-			break
-		}
-		if failed != nil {
-			return errorf(CodeUnavailable, "the store failed: %v", failed)
-		}
-		<-ch
-	}
 	return fn(tx, db.now())
 }

@@ -20,7 +20,10 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"slices"
 	"strconv"
+	"strings"
+	"sync"
 	"time"
 
 	bolt "go.etcd.io/bbolt"
@@ -51,6 +54,7 @@ var (
 	metaRevision  = []byte("revision")
 	metaLastToken = []byte("last_token")
 	metaLiveKeys  = []byte("live_keys")
+	metaApplied   = []byte("wal_applied")
 )
 
 const (
@@ -72,8 +76,29 @@ type Options struct {
 }
 
 // Store is an open fencekv data file.
+//
+// Writes go through one long-lived writable transaction (Writer), which the
+// engine commits to the file only now and then (Checkpoint): between
+// checkpoints its durability comes from the engine's write-ahead log. What
+// the writer has changed since the last checkpoint, and the engine has made
+// durable, is published (Publish) to an overlay that read-only
+// transactions consult before the file, so reads see every durable write.
 type Store struct {
 	db *bolt.DB
+	w  *Tx // the open writer; only the engine's commit loop touches it
+	ov overlay
+}
+
+// overlay holds, for every key and lock changed since the last checkpoint,
+// its record as of the last Publish, and the counters.
+type overlay struct {
+	mu    sync.RWMutex      // held for reading by every read-only Tx for its life; for writing by Publish and Checkpoint
+	keys  map[string][]byte // key -> record (a deleted key keeps a tombstone record)
+	locks map[string][]byte // lock -> record; nil: deleted
+	set   bool              // the counters below are newer than the file's
+	rev   Revision
+	last  Token
+	live  uint64
 }
 
 // Open opens or creates the data file at path. It fails with ErrLocked when
@@ -96,7 +121,7 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("kv: open %s: %w", path, err)
 	}
-	s := &Store{db: db}
+	s := &Store{db: db, ov: overlay{keys: map[string][]byte{}, locks: map[string][]byte{}}}
 	if err := s.init(); err != nil {
 		db.Close()
 		return nil, err
@@ -131,11 +156,13 @@ func (s *Store) init() error {
 	})
 }
 
-// Close closes the file. It is safe to call more than once.
+// Close closes the file, discarding what the writer has not checkpointed.
+// It is safe to call more than once.
 func (s *Store) Close() error {
 	if s.db == nil {
 		return nil
 	}
+	s.Abort()
 	err := s.db.Close()
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return nil
@@ -147,18 +174,109 @@ func (s *Store) Close() error {
 func (s *Store) Path() string { return s.db.Path() }
 
 // Begin starts a transaction. Only one writable transaction exists at a
-// time; read-only ones run concurrently with it and see the state of the
-// last commit. A read-only Tx must be ended with Rollback.
+// time (and none while a Writer is open); read-only ones run concurrently
+// with it and see the last commit plus what was last published. A
+// read-only Tx must be ended with Rollback, soon: it holds off Publish and
+// Checkpoint.
 func (s *Store) Begin(writable bool) (*Tx, error) {
+	if !writable {
+		s.ov.mu.RLock()
+	}
 	btx, err := s.db.Begin(writable)
 	if err != nil {
+		if !writable {
+			s.ov.mu.RUnlock()
+		}
 		return nil, fmt.Errorf("kv: begin: %w", err)
 	}
 	t := &Tx{tx: btx}
 	if writable {
 		t.counters()
+	} else {
+		t.ov = &s.ov
 	}
 	return t, nil
+}
+
+// Writer returns the open writable transaction, beginning one if none is
+// open. Its changes reach the file at the next Checkpoint, and readers at
+// the next Publish. Only one goroutine may use it.
+func (s *Store) Writer() (*Tx, error) {
+	if s.w == nil {
+		t, err := s.Begin(true)
+		if err != nil {
+			return nil, err
+		}
+		t.dirtyKeys = map[string]struct{}{}
+		t.dirtyLocks = map[string]struct{}{}
+		s.w = t
+	}
+	return s.w, nil
+}
+
+// Publish makes the writer's changes since the last Publish visible to
+// read-only transactions. The engine calls it once they are durable in
+// its log.
+func (s *Store) Publish() {
+	w := s.w
+	if w == nil {
+		return
+	}
+	s.ov.mu.Lock()
+	defer s.ov.mu.Unlock()
+	for k := range w.dirtyKeys {
+		s.ov.keys[k] = bytes.Clone(w.keysBucket().Get([]byte(k)))
+	}
+	for k := range w.dirtyLocks {
+		s.ov.locks[k] = bytes.Clone(w.locksBucket().Get([]byte(k)))
+	}
+	clear(w.dirtyKeys)
+	clear(w.dirtyLocks)
+	s.ov.set, s.ov.rev, s.ov.last, s.ov.live = true, w.rev, w.lastToken, w.live
+}
+
+// Checkpoint commits the writer to the file (with fsync), recording applied
+// as the last log record it reflects, and empties the overlay. Readers wait
+// while it runs. Nothing happens if no writer is open.
+func (s *Store) Checkpoint(applied uint64) error {
+	w := s.w
+	if w == nil {
+		return nil
+	}
+	s.w = nil
+	if err := w.meta.Put(metaApplied, u64(applied)); err != nil {
+		w.Rollback()
+		return err
+	}
+	s.ov.mu.Lock()
+	defer s.ov.mu.Unlock()
+	if err := w.Commit(); err != nil {
+		return err
+	}
+	clear(s.ov.keys)
+	clear(s.ov.locks)
+	s.ov.set = false
+	return nil
+}
+
+// Abort discards the writer's changes since the last checkpoint. What was
+// published stays visible to readers.
+func (s *Store) Abort() {
+	if s.w != nil {
+		s.w.Rollback()
+		s.w = nil
+	}
+}
+
+// Applied is the last log record the file reflects, as recorded by
+// Checkpoint.
+func (s *Store) Applied() (uint64, error) {
+	var n uint64
+	err := s.db.View(func(tx *bolt.Tx) error {
+		n = getU64(tx.Bucket(bucketMeta).Get(metaApplied))
+		return nil
+	})
+	return n, err
 }
 
 // Buckets and counters are looked up on first use: most read-only
@@ -184,6 +302,10 @@ func (t *Tx) counters() {
 		return
 	}
 	t.meta = t.tx.Bucket(bucketMeta)
+	if t.ov != nil && t.ov.set {
+		t.rev, t.lastToken, t.live = t.ov.rev, t.ov.last, t.ov.live
+		return
+	}
 	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
 	t.lastToken = Token(getU64(t.meta.Get(metaLastToken)))
 	t.live = getU64(t.meta.Get(metaLiveKeys))
@@ -223,6 +345,9 @@ type Tx struct {
 	lastToken Token
 	live      uint64
 	dirty     bool // counters changed since Begin
+
+	ov                    *overlay            // read-only: consulted before the file (its lock is held)
+	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
 }
 
 // ID is the bbolt transaction id: a read-only Tx started after a writable
@@ -252,9 +377,14 @@ func (t *Tx) Commit() error {
 	return nil
 }
 
-// Rollback discards the transaction. It is safe after Commit.
+// Rollback discards the transaction. It is safe after Commit, and more
+// than once.
 func (t *Tx) Rollback() {
 	_ = t.tx.Rollback()
+	if t.ov != nil {
+		t.ov.mu.RUnlock()
+		t.ov = nil
+	}
 }
 
 // Revision is the store-wide revision: the number of accepted writes.
@@ -308,7 +438,10 @@ func (t *Tx) Get(key []byte) Entry {
 // get decodes the key's record. It copies the value when copyValue is set;
 // otherwise the value aliases bbolt memory valid only until the next write.
 func (t *Tx) get(key []byte, copyValue bool) (Entry, bool) {
-	raw := t.keysBucket().Get(key)
+	raw, ok := t.ov.key(key)
+	if !ok {
+		raw = t.keysBucket().Get(key)
+	}
 	e := Entry{Key: key}
 	if len(raw) < recHeader {
 		return e, false
@@ -356,8 +489,13 @@ func (t *Tx) write(key, value []byte, live bool, fence Token, wasLive bool) (Rev
 	binary.BigEndian.PutUint64(rec[1:9], uint64(fence))
 	binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
 	copy(rec[recHeader:], value)
-	if err := t.keysBucket().Put(key, rec); err != nil {
+	// bbolt keeps the key slice until the transaction commits, which for
+	// the Writer is after the caller has returned: give it a copy.
+	if err := t.keysBucket().Put(bytes.Clone(key), rec); err != nil {
 		return 0, err
+	}
+	if t.dirtyKeys != nil {
+		t.dirtyKeys[string(key)] = struct{}{}
 	}
 	t.rev = rev
 	switch {
@@ -460,17 +598,13 @@ func (t *Tx) Incr(key []byte, delta int64, w Write) (int64, Entry, error) {
 // keys match.
 func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, more bool) {
 	size := 0
-	c := t.keysBucket().Cursor()
-	from := prefix
-	if bytes.Compare(start, prefix) > 0 {
-		from = start
-	}
-	for k, v := c.Seek(from); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+	t.each(t.keysBucket(), t.ov.keysMap(), prefix, start, func(k, v []byte) bool {
 		if len(v) < recHeader || v[0]&flagLive == 0 {
-			continue
+			return true
 		}
 		if len(items) == limit || (len(items) > 0 && size+len(k)+len(v) > maxBytes) {
-			return items, true
+			more = true
+			return false
 		}
 		size += len(k) + len(v)
 		items = append(items, Entry{
@@ -480,23 +614,33 @@ func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, mor
 			Fence:    Token(binary.BigEndian.Uint64(v[1:9])),
 			Revision: Revision(binary.BigEndian.Uint64(v[9:17])),
 		})
-	}
-	return items, false
+		return true
+	})
+	return items, more
 }
 
 // Lock returns the stored lease record of a lock, or nil. The slice is a
 // copy.
 func (t *Tx) Lock(name []byte) []byte {
+	if rec, ok := t.ov.lock(name); ok {
+		return bytes.Clone(rec)
+	}
 	return bytes.Clone(t.locksBucket().Get(name))
 }
 
 // PutLock stores a lock's lease record.
 func (t *Tx) PutLock(name, rec []byte) error {
+	if t.dirtyLocks != nil {
+		t.dirtyLocks[string(name)] = struct{}{}
+	}
 	return t.locksBucket().Put(name, rec)
 }
 
 // DeleteLock removes a lock's lease record.
 func (t *Tx) DeleteLock(name []byte) error {
+	if t.dirtyLocks != nil {
+		t.dirtyLocks[string(name)] = struct{}{}
+	}
 	return t.locksBucket().Delete(name)
 }
 
@@ -504,16 +648,90 @@ func (t *Tx) DeleteLock(name []byte) error {
 // >= start, in byte order, until fn returns false. The slices are valid only
 // during the call.
 func (t *Tx) Locks(prefix, start []byte, fn func(name, rec []byte) bool) {
-	c := t.locksBucket().Cursor()
+	t.each(t.locksBucket(), t.ov.locksMap(), prefix, start, fn)
+}
+
+// each calls fn for the bucket's entries whose keys start with prefix and
+// are >= start, in byte order, until fn returns false, with the overlay's
+// entries in place of the file's (a nil overlay value: deleted).
+func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn func(k, v []byte) bool) {
 	from := prefix
 	if bytes.Compare(start, prefix) > 0 {
 		from = start
 	}
-	for k, v := c.Seek(from); k != nil && bytes.HasPrefix(k, prefix); k, v = c.Next() {
+	var extra []string
+	for k := range ov {
+		if strings.HasPrefix(k, string(prefix)) && k >= string(from) {
+			extra = append(extra, k)
+		}
+	}
+	slices.Sort(extra)
+	c := b.Cursor()
+	k, v := c.Seek(from)
+	for {
+		if k != nil && !bytes.HasPrefix(k, prefix) {
+			k = nil
+		}
+		var useOv bool
+		switch {
+		case k == nil && len(extra) == 0:
+			return
+		case k == nil:
+			useOv = true
+		case len(extra) > 0:
+			switch cmp := strings.Compare(extra[0], string(k)); {
+			case cmp < 0:
+				useOv = true
+			case cmp == 0:
+				useOv = true
+				k, v = c.Next() // the overlay's version replaces the file's
+			}
+		}
+		if useOv {
+			name := extra[0]
+			extra = extra[1:]
+			if rec := ov[name]; rec != nil && !fn([]byte(name), rec) {
+				return
+			}
+			continue
+		}
 		if !fn(k, v) {
 			return
 		}
+		k, v = c.Next()
 	}
+}
+
+// key returns the overlay's record of key; ok is false if the overlay does
+// not know the key (or o is nil).
+func (o *overlay) key(key []byte) ([]byte, bool) {
+	if o == nil {
+		return nil, false
+	}
+	rec, ok := o.keys[string(key)]
+	return rec, ok
+}
+
+func (o *overlay) lock(name []byte) ([]byte, bool) {
+	if o == nil {
+		return nil, false
+	}
+	rec, ok := o.locks[string(name)]
+	return rec, ok
+}
+
+func (o *overlay) keysMap() map[string][]byte {
+	if o == nil {
+		return nil
+	}
+	return o.keys
+}
+
+func (o *overlay) locksMap() map[string][]byte {
+	if o == nil {
+		return nil
+	}
+	return o.locks
 }
 
 // Size is the data file's size in bytes as of this transaction.

@@ -1,0 +1,124 @@
+// Package wal is fencekv's write-ahead log: a file of checksummed,
+// numbered records, made durable with one fdatasync per append batch.
+//
+// The engine appends the commands of each group commit as one record and
+// syncs it before it answers any of them; the bbolt file is brought up to
+// date (checkpointed) only now and then, after which the log starts over.
+// After a crash, the records the bbolt file does not reflect are replayed.
+//
+// A record on disk is
+//
+//	length  uint32, big-endian: the payload's length
+//	crc     uint32, big-endian: CRC-32C of lsn and payload
+//	lsn     uint64, big-endian: the record's number, one more than the last
+//	payload
+//
+// Starting over (Reset) does not truncate the file: new records overwrite
+// old ones from the start, because overwriting a file's blocks and syncing
+// costs less than growing it (no metadata to journal). Reading stops at the
+// first record that is cut short, fails its checksum, or does not number
+// one more than the record before it: a torn append (never synced, so never
+// acknowledged), or records left from before the last Reset.
+//
+// A Log is used by one goroutine at a time.
+package wal
+
+import (
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"hash/crc32"
+	"io"
+	"os"
+)
+
+// MaxRecord is the largest payload Append accepts.
+const MaxRecord = 1 << 30
+
+const header = 16
+
+var castagnoli = crc32.MakeTable(crc32.Castagnoli)
+
+// ErrTooLarge is returned by Append for a payload over MaxRecord.
+var ErrTooLarge = errors.New("wal: record too large")
+
+// Log is an open write-ahead log.
+type Log struct {
+	f   *os.File
+	off int64  // where the next record goes
+	lsn uint64 // the next record's number
+	buf []byte // reused for appends
+}
+
+// Open opens or creates the log at path and returns it with the payloads of
+// the records since its last Reset, in order. The next Append goes after
+// them.
+func Open(path string) (*Log, [][]byte, error) {
+	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
+	if err != nil {
+		return nil, nil, fmt.Errorf("wal: %w", err)
+	}
+	data, err := io.ReadAll(f)
+	if err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("wal: %w", err)
+	}
+	l := &Log{f: f, lsn: 1}
+	var recs [][]byte
+	for off := 0; len(data)-off >= header; {
+		n := int(binary.BigEndian.Uint32(data[off:]))
+		sum := binary.BigEndian.Uint32(data[off+4:])
+		lsn := binary.BigEndian.Uint64(data[off+8:])
+		if n > MaxRecord || len(data)-off-header < n ||
+			crc32.Checksum(data[off+8:off+header+n], castagnoli) != sum ||
+			(len(recs) > 0 && lsn != l.lsn) {
+			break
+		}
+		recs = append(recs, data[off+header:off+header+n])
+		off += header + n
+		l.off, l.lsn = int64(off), lsn+1
+	}
+	return l, recs, nil
+}
+
+// Append writes one record after the last. It is not durable until Sync
+// returns.
+func (l *Log) Append(payload []byte) error {
+	if len(payload) > MaxRecord {
+		return ErrTooLarge
+	}
+	b := l.buf[:0]
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	b = binary.BigEndian.AppendUint32(b, 0) // the checksum, below
+	b = binary.BigEndian.AppendUint64(b, l.lsn)
+	b = append(b, payload...)
+	binary.BigEndian.PutUint32(b[4:], crc32.Checksum(b[8:], castagnoli))
+	l.buf = b
+	if _, err := l.f.WriteAt(b, l.off); err != nil {
+		return fmt.Errorf("wal: append: %w", err)
+	}
+	l.off += int64(len(b))
+	l.lsn++
+	return nil
+}
+
+// Sync makes every appended record durable (fdatasync).
+func (l *Log) Sync() error {
+	if err := fdatasync(l.f); err != nil {
+		return fmt.Errorf("wal: sync: %w", err)
+	}
+	return nil
+}
+
+// Size is the length of the records since the last Reset, in bytes.
+func (l *Log) Size() int64 { return l.off }
+
+// Reset starts the log over: the next record is written at the start of
+// the file, and Open will not return the records before it. Call it only
+// once every record is reflected elsewhere (a checkpoint) and durable there.
+func (l *Log) Reset() {
+	l.off = 0
+}
+
+// Close closes the file. It does not sync.
+func (l *Log) Close() error { return l.f.Close() }
