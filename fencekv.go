@@ -24,9 +24,11 @@
 //   - G5: grants, renewals, releases, expiries and writes are Commands,
 //     applied one after another by one deterministic function inside bbolt
 //     read-write transactions.
-//   - G6: a call returns only after the transaction that applied its command
-//     committed with fsync. Many commands share a transaction (group
-//     commit); none is answered before it is durable.
+//   - G6: a call returns only after its command is durable: the commands
+//     of a group commit are applied in one bbolt transaction and written as
+//     one record to the write-ahead log, which is synced (fdatasync) before
+//     any of them is answered. The data file is brought up to date from the
+//     log at checkpoints; Open replays what it does not reflect yet.
 //   - G7: leases are durations on the engine's monotonic clock; on Open every
 //     live lease gets its full TTL again, and every lock in lock-delay its
 //     full delay.
@@ -85,7 +87,8 @@ type Options struct {
 	Clock  Clock        // nil: the real clock
 	Logger *slog.Logger // nil: discard
 
-	// NoSync skips fsync on commit. It breaks G6; for tests only.
+	// NoSync skips fsync of the log and the data file. It breaks G6; for
+	// tests only.
 	NoSync bool
 
 	MaxKeySize   int           // bytes; also the limit for lock names and holders
