@@ -44,3 +44,15 @@ verify:
 
 clean:
 	rm -rf bin $(DATA)
+
+# The side-by-side comparison with etcd and Redis (bench/peers, a Go module of
+# its own). bench-tool builds its driver program; bench-peers installs
+# etcd-server and redis-server from Debian if missing, starts all three
+# servers on free loopback ports and temp dirs, runs every workload and writes
+# bench/RESULTS.md. A few minutes; not part of `make test`.
+.PHONY: bench-tool bench-peers
+bench-tool:
+	cd bench/peers && $(GO) build -o ../../bin/benchpeers ./cmd/benchpeers
+
+bench-peers: build bench-tool
+	bash bench/peers/run.sh

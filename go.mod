@@ -3,6 +3,7 @@ module github.com/fencekv/fencekv
 go 1.26
 
 require (
+	github.com/HdrHistogram/hdrhistogram-go v1.1.2
 	github.com/anishathalye/porcupine v1.3.1
 	github.com/urfave/cli/v2 v2.27.7
 	github.com/vmihailenco/msgpack/v5 v5.4.1

@@ -74,6 +74,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 			versionCommand(),
 			verifyCommand(),
 			verifyClientCommand(),
+			benchCommand(),
 		},
 	}
 	app.Action = helpOrUnknown(cli.ShowAppHelp)

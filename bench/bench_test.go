@@ -1,0 +1,159 @@
+package bench_test
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/bench"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// startServer serves a fresh engine in t.TempDir() on a free port.
+func startServer(t *testing.T) string {
+	t.Helper()
+	db, err := fencekv.Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv, err := wire.NewServer(db, wire.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan struct{})
+	go func() {
+		defer close(served)
+		srv.Serve(ln)
+	}()
+	t.Cleanup(func() {
+		srv.Shutdown(context.Background())
+		<-served
+		db.Close()
+	})
+	return ln.Addr().String()
+}
+
+func TestWorkloads(t *testing.T) {
+	addr := startServer(t)
+	for _, wl := range bench.Workloads {
+		t.Run(string(wl), func(t *testing.T) {
+			cfg := bench.DefaultConfig()
+			cfg.Workload = wl
+			cfg.Clients = 4
+			cfg.Warmup = 50 * time.Millisecond
+			cfg.Duration = 200 * time.Millisecond
+			cfg.Keys = 20
+			var progress bytes.Buffer
+			cfg.Progress = &progress
+			res, err := bench.Run(context.Background(), bench.DialFencekv(addr), cfg)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if res.Errors != 0 {
+				t.Errorf("%d errors, the first: %s", res.Errors, res.FirstError)
+			}
+			if res.Ops == 0 || res.OpsPerSec <= 0 {
+				t.Errorf("ops %d, %v ops/s: want some", res.Ops, res.OpsPerSec)
+			}
+			if res.Latency.Count != res.Ops || res.Latency.P50 <= 0 || res.Latency.P50 > res.Latency.P99 || res.Latency.P99 > res.Latency.Max {
+				t.Errorf("latency %+v does not add up for %d ops", res.Latency, res.Ops)
+			}
+			if res.Elapsed < cfg.Duration || res.Interrupted {
+				t.Errorf("elapsed %v (interrupted %v), want at least %v", res.Elapsed, res.Interrupted, cfg.Duration)
+			}
+			if wl == bench.Contended {
+				var sum int64
+				for _, g := range res.Grants {
+					sum += g
+				}
+				if len(res.Grants) != cfg.Clients || sum != res.Ops || res.GrantsMin > res.GrantsMax || res.Fairness <= 0 || res.Fairness > 1 {
+					t.Errorf("grants %v (min %d max %d, fairness %v) for %d ops", res.Grants, res.GrantsMin, res.GrantsMax, res.Fairness, res.Ops)
+				}
+			}
+		})
+	}
+}
+
+func TestRunStopsOnCancel(t *testing.T) {
+	addr := startServer(t)
+	cfg := bench.DefaultConfig()
+	cfg.Clients = 2
+	cfg.Warmup = 0
+	cfg.Duration = time.Minute
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Millisecond)
+	defer cancel()
+	start := time.Now()
+	res, err := bench.Run(ctx, bench.DialFencekv(addr), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !res.Interrupted || time.Since(start) > 10*time.Second {
+		t.Errorf("interrupted %v after %v, want an early stop", res.Interrupted, time.Since(start))
+	}
+}
+
+func TestRunReportsRefusals(t *testing.T) {
+	addr := startServer(t)
+	ctx := context.Background()
+	// Fence every client's own key far ahead of any token the run will get.
+	c, err := wire.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := c.Put(ctx, []byte("bench/own/0"), []byte("x"), fencekv.WriteOptions{Token: 1 << 40}); err != nil {
+		t.Fatal(err)
+	}
+	cfg := bench.DefaultConfig()
+	cfg.Clients = 1
+	cfg.Warmup = 0
+	cfg.Duration = 5 * time.Second
+	_, err = bench.Run(ctx, bench.DialFencekv(addr), cfg)
+	if err == nil || !strings.Contains(err.Error(), "stale_token") && !strings.Contains(err.Error(), "below") {
+		t.Errorf("err %v, want the client to give up on stale_token", err)
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	bad := []func(*bench.Config){
+		func(c *bench.Config) { c.Workload = "nope" },
+		func(c *bench.Config) { c.Clients = 0 },
+		func(c *bench.Config) { c.Duration = 0 },
+		func(c *bench.Config) { c.Keys = 0 },
+		func(c *bench.Config) { c.GetPercent = 101 },
+		func(c *bench.Config) { c.Workload, c.Wait = bench.Contended, 0 },
+	}
+	for i, f := range bad {
+		c := bench.DefaultConfig()
+		f(&c)
+		if err := c.Validate(); err == nil {
+			t.Errorf("case %d: %+v validated, want an error", i, c)
+		}
+	}
+	if err := bench.DefaultConfig().Validate(); err != nil {
+		t.Errorf("defaults: %v", err)
+	}
+}
+
+func TestBaselines(t *testing.T) {
+	rtt, err := bench.LoopbackRTT(50)
+	if err != nil || rtt.Count != 50 || rtt.P50 <= 0 {
+		t.Errorf("LoopbackRTT: %+v, %v", rtt, err)
+	}
+	fs, err := bench.FsyncLatency(t.TempDir(), 5)
+	if err != nil || fs.Count != 5 || fs.P50 <= 0 {
+		t.Errorf("FsyncLatency: %+v, %v", fs, err)
+	}
+	ping, err := bench.PingFencekv(context.Background(), startServer(t), 20)
+	if err != nil || ping.Count != 20 {
+		t.Errorf("PingFencekv: %+v, %v", ping, err)
+	}
+}

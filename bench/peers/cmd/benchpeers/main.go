@@ -1,0 +1,733 @@
+// Command benchpeers runs every bench workload against fencekv, etcd and
+// Redis side by side and writes a markdown report of ops/s, latency and the
+// ratio fencekv/peer, with the goals of the "Speed" issue checked.
+//
+// It expects the servers to be running already; bench/peers/run.sh (make
+// bench-peers) starts them on free loopback ports and temp dirs.
+//
+//	benchpeers --fencekv 127.0.0.1:7420 --etcd http://127.0.0.1:2379 --redis 127.0.0.1:6379 --out RESULTS.md
+//	benchpeers ports N    # prints N free loopback TCP ports, for scripts
+package main
+
+import (
+	"cmp"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"os/signal"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/bench"
+	"github.com/fencekv/fencekv/bench/peers"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) > 0 && args[0] == "ports" {
+		return ports(args[1:], stdout, stderr)
+	}
+	fs := flag.NewFlagSet("benchpeers", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		o         options
+		clients   = fs.String("clients", "1,16,64", "client counts, comma-separated (contended skips 1)")
+		workloads = fs.String("workloads", "all", "workloads, comma-separated")
+		out       = fs.String("out", "", "write the markdown report to this file (default stdout)")
+		jsonOut   = fs.String("json", "", "also write every result as JSON to this file")
+		from      = fs.String("from", "", "run nothing: write the report of the results in this JSON file (from --json)")
+	)
+	fs.StringVar(&o.fencekv, "fencekv", "", "fencekv server `ADDRESS` (host:port); empty skips fencekv")
+	fs.StringVar(&o.etcd, "etcd", "", "etcd client `URLS`, comma-separated; empty skips etcd")
+	fs.StringVar(&o.redis, "redis", "", "Redis server `ADDRESS` (host:port); empty skips Redis")
+	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd's version, for the report")
+	fs.StringVar(&o.redisVersion, "redis-version", "", "Redis's version, for the report")
+	fs.StringVar(&o.dataDir, "data-dir", os.TempDir(), "measure fsync latency on this dir's disk (where the servers keep their data)")
+	fs.DurationVar(&o.duration, "duration", 5*time.Second, "measured time of each run")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "warm-up before each run")
+	fs.IntVar(&o.rounds, "rounds", 1, "run the whole matrix this many times and report medians (the machine is noisy)")
+	if err := fs.Parse(args); err != nil {
+		return 2
+	}
+	var err error
+	if o.rounds < 1 {
+		fmt.Fprintln(stderr, "benchpeers: --rounds: want at least 1")
+		return 2
+	}
+	if o.clients, err = parseInts(*clients); err != nil {
+		fmt.Fprintf(stderr, "benchpeers: --clients: %v\n", err)
+		return 2
+	}
+	if o.workloads, err = parseWorkloads(*workloads); err != nil {
+		fmt.Fprintf(stderr, "benchpeers: --workloads: %v\n", err)
+		return 2
+	}
+	o.systems = systems(o)
+	if len(o.systems) == 0 && *from == "" {
+		fmt.Fprintln(stderr, "benchpeers: give at least one of --fencekv, --etcd, --redis (or --from)")
+		return 2
+	}
+
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	var rep *report
+	if *from != "" {
+		rep, err = load(*from)
+	} else {
+		rep, err = measure(ctx, o, stderr)
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "benchpeers: %v\n", err)
+		return 1
+	}
+	w := stdout
+	if *out != "" {
+		f, err := os.Create(*out)
+		if err != nil {
+			fmt.Fprintf(stderr, "benchpeers: %v\n", err)
+			return 1
+		}
+		defer f.Close()
+		w = f
+	}
+	if err := rep.markdown(w); err != nil {
+		fmt.Fprintf(stderr, "benchpeers: writing the report: %v\n", err)
+		return 1
+	}
+	if *jsonOut != "" {
+		b, _ := json.MarshalIndent(rep, "", "  ")
+		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
+			fmt.Fprintf(stderr, "benchpeers: %v\n", err)
+			return 1
+		}
+	}
+	if ctx.Err() != nil {
+		fmt.Fprintln(stderr, "benchpeers: interrupted; the report is partial")
+		return 1
+	}
+	return 0
+}
+
+type options struct {
+	fencekv, etcd, redis      string
+	etcdVersion, redisVersion string
+	dataDir                   string
+	duration, warmup          time.Duration
+	rounds                    int
+	clients                   []int
+	workloads                 []bench.Workload
+	systems                   []system
+}
+
+// system is one store under test.
+type system struct {
+	Name    string `json:"name"`
+	Version string `json:"version"`
+	Setup   string `json:"setup"`
+	dial    bench.Dialer
+}
+
+func systems(o options) []system {
+	var s []system
+	if o.fencekv != "" {
+		s = append(s, system{Name: "fencekv", Version: fencekv.Version,
+			Setup: "`fencekv serve` defaults: group commit, fsync on every commit", dial: bench.DialFencekv(o.fencekv)})
+	}
+	if o.etcd != "" {
+		s = append(s, system{Name: "etcd", Version: o.etcdVersion,
+			Setup: "one member, defaults (WAL fsync per raft batch)", dial: peers.DialEtcd(strings.Split(o.etcd, ","))})
+	}
+	if o.redis != "" {
+		s = append(s, system{Name: "redis", Version: o.redisVersion,
+			Setup: "appendonly yes, appendfsync always, no RDB snapshots", dial: peers.DialRedis(o.redis)})
+	}
+	return s
+}
+
+// report is everything measured, as the JSON file has it.
+type report struct {
+	Date      time.Time     `json:"date"`
+	CPU       string        `json:"cpu"`
+	Cores     int           `json:"cores"`
+	Kernel    string        `json:"kernel"`
+	Go        string        `json:"go"`
+	Duration  time.Duration `json:"duration_ns"`
+	Warmup    time.Duration `json:"warmup_ns"`
+	Rounds    int           `json:"rounds"`
+	LoadStart string        `json:"loadavg_start"` // /proc/loadavg: other work on the machine
+	LoadEnd   string        `json:"loadavg_end"`
+	Config    bench.Config  `json:"-"`
+	// From Config, for JSON.
+	ValueSize  int         `json:"value_size"`
+	Keys       int         `json:"keys"`
+	GetPercent int         `json:"get_percent"`
+	Systems    []system    `json:"systems"`
+	Baselines  baselines   `json:"baselines"`
+	Runs       []runResult `json:"runs"`
+}
+
+type baselines struct {
+	LoopbackRTT bench.Latency `json:"loopback_rtt"`
+	FencekvPing bench.Latency `json:"fencekv_ping"`
+	Fsync       bench.Latency `json:"fsync"`
+}
+
+type runResult struct {
+	Round  int          `json:"round"`
+	System string       `json:"system"`
+	Result bench.Result `json:"result"`
+	Error  string       `json:"error,omitempty"`
+	// GroupCommit is fencekv's batching over the run, warm-up included.
+	GroupCommit *bench.Commits `json:"group_commit,omitempty"`
+}
+
+// measure takes the baselines, then runs every workload at every client
+// count against each system in turn (systems interleaved, so that noise
+// from other work on the machine falls on all of them alike).
+func measure(ctx context.Context, o options, log io.Writer) (*report, error) {
+	rep := &report{
+		Date:     time.Now().UTC(),
+		CPU:      cpuModel(),
+		Cores:    runtime.NumCPU(),
+		Kernel:   strings.TrimSpace(readFile("/proc/sys/kernel/osrelease")),
+		Go:       runtime.Version(),
+		Duration: o.duration,
+		Warmup:   o.warmup,
+		Rounds:   o.rounds,
+		Systems:  o.systems,
+		Config:   bench.DefaultConfig(),
+	}
+	rep.ValueSize, rep.Keys, rep.GetPercent = rep.Config.ValueSize, rep.Config.Keys, rep.Config.GetPercent
+	rep.LoadStart = loadavg()
+	defer func() { rep.LoadEnd = loadavg() }()
+	var err error
+	if rep.Baselines.LoopbackRTT, err = bench.LoopbackRTT(2000); err != nil {
+		return nil, fmt.Errorf("loopback RTT: %w", err)
+	}
+	if rep.Baselines.Fsync, err = bench.FsyncLatency(o.dataDir, 200); err != nil {
+		return nil, fmt.Errorf("fsync latency: %w", err)
+	}
+	if o.fencekv != "" {
+		if rep.Baselines.FencekvPing, err = bench.PingFencekv(ctx, o.fencekv, 2000); err != nil {
+			return nil, fmt.Errorf("fencekv ping: %w", err)
+		}
+	}
+	fmt.Fprintf(log, "baselines: loopback RTT p50 %s, fencekv ping p50 %s, fsync p50 %s\n",
+		ms(rep.Baselines.LoopbackRTT.P50), ms(rep.Baselines.FencekvPing.P50), ms(rep.Baselines.Fsync.P50))
+
+	total := 0
+	for _, wl := range o.workloads {
+		total += len(clientCounts(wl, o.clients)) * len(o.systems) * o.rounds
+	}
+	n := 0
+	for round := 1; round <= o.rounds; round++ {
+		for _, wl := range o.workloads {
+			for _, c := range clientCounts(wl, o.clients) {
+				for _, s := range o.systems {
+					if ctx.Err() != nil {
+						return rep, nil
+					}
+					n++
+					cfg := rep.Config
+					cfg.Workload, cfg.Clients, cfg.Duration, cfg.Warmup = wl, c, o.duration, o.warmup
+					var count func(context.Context) (bench.Commits, error)
+					if s.Name == "fencekv" {
+						count, _ = bench.CountCommits(ctx, o.fencekv)
+					}
+					res, err := bench.Run(ctx, s.dial, cfg)
+					rr := runResult{Round: round, System: s.Name, Result: res}
+					if err != nil {
+						rr.Error = err.Error()
+					}
+					if count != nil {
+						if c, err := count(context.WithoutCancel(ctx)); err == nil {
+							rr.GroupCommit = &c
+						}
+					}
+					rep.Runs = append(rep.Runs, rr)
+					fmt.Fprintf(log, "[%2d/%d] %-10s %2d clients %-7s %9.0f ops/s  p50 %s  p99 %s  errors %d%s\n",
+						n, total, wl, c, s.Name, res.OpsPerSec, ms(res.Latency.P50), ms(res.Latency.P99), res.Errors, errNote(rr.Error))
+				}
+			}
+		}
+	}
+	return rep, nil
+}
+
+// load reads a report written with --json.
+func load(name string) (*report, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	rep := &report{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	d := bench.DefaultConfig()
+	if rep.ValueSize == 0 && rep.Keys == 0 { // written before these were kept
+		rep.ValueSize, rep.Keys, rep.GetPercent = d.ValueSize, d.Keys, d.GetPercent
+	}
+	if rep.Rounds == 0 {
+		rep.Rounds = 1
+	}
+	for i := range rep.Runs {
+		res := &rep.Runs[i].Result
+		res.Elapsed = time.Duration(res.Seconds * float64(time.Second))
+	}
+	return rep, nil
+}
+
+func errNote(s string) string {
+	if s == "" {
+		return ""
+	}
+	return "  FAILED: " + s
+}
+
+// clientCounts are the client counts a workload runs at: a contended lock
+// needs at least two clients.
+func clientCounts(wl bench.Workload, all []int) []int {
+	if wl != bench.Contended {
+		return all
+	}
+	var out []int
+	for _, c := range all {
+		if c > 1 {
+			out = append(out, c)
+		}
+	}
+	return out
+}
+
+// find returns the run of system on workload wl with that many clients
+// whose throughput is the median over the rounds that succeeded; false if
+// none did.
+func (r *report) find(system string, wl bench.Workload, clients int) (runResult, bool) {
+	var ok []runResult
+	for _, rr := range r.Runs {
+		if rr.System == system && rr.Result.Workload == wl && rr.Result.Clients == clients && succeeded(rr) {
+			ok = append(ok, rr)
+		}
+	}
+	if len(ok) == 0 {
+		return runResult{}, false
+	}
+	slices.SortFunc(ok, func(a, b runResult) int { return cmp.Compare(a.Result.OpsPerSec, b.Result.OpsPerSec) })
+	return ok[(len(ok)-1)/2], true
+}
+
+func succeeded(rr runResult) bool { return rr.Error == "" && rr.Result.Ops > 0 }
+
+// ratios returns fencekv's throughput over peer's in each round where both
+// succeeded (the two ran back to back, so noise from the machine is shared
+// as much as it can be), sorted.
+func (r *report) ratios(peer string, wl bench.Workload, clients int) []float64 {
+	var xs []float64
+	for round := 1; round <= r.Rounds; round++ {
+		var f, p float64
+		for _, rr := range r.Runs {
+			if rr.Round != round || rr.Result.Workload != wl || rr.Result.Clients != clients || !succeeded(rr) {
+				continue
+			}
+			switch rr.System {
+			case "fencekv":
+				f = rr.Result.OpsPerSec
+			case peer:
+				p = rr.Result.OpsPerSec
+			}
+		}
+		if f > 0 && p > 0 {
+			xs = append(xs, f/p)
+		}
+	}
+	slices.Sort(xs)
+	return xs
+}
+
+func (r *report) has(system string) bool {
+	for _, s := range r.Systems {
+		if s.Name == system {
+			return true
+		}
+	}
+	return false
+}
+
+// ratio is the median of ratios, or 0 if there are none.
+func (r *report) ratio(peer string, wl bench.Workload, clients int) float64 {
+	xs := r.ratios(peer, wl, clients)
+	if len(xs) == 0 {
+		return 0
+	}
+	return median(xs)
+}
+
+func median(xs []float64) float64 {
+	n := len(xs)
+	if n%2 == 1 {
+		return xs[n/2]
+	}
+	return (xs[n/2-1] + xs[n/2]) / 2
+}
+
+// ratioText is the median ratio, with its range over the rounds when there
+// were several.
+func (r *report) ratioText(peer string, wl bench.Workload, clients int) string {
+	xs := r.ratios(peer, wl, clients)
+	switch len(xs) {
+	case 0:
+		return "—"
+	case 1:
+		return times(xs[0])
+	}
+	return fmt.Sprintf("%s (%s–%s)", times(median(xs)), strconv.FormatFloat(xs[0], 'f', 2, 64), strconv.FormatFloat(xs[len(xs)-1], 'f', 2, 64))
+}
+
+func (r *report) markdown(w io.Writer) error {
+	var b strings.Builder
+	p := func(format string, args ...any) { fmt.Fprintf(&b, format, args...) }
+	p("# fencekv against etcd and Redis\n\n")
+	how := "make bench-peers"
+	if r.Rounds > 1 {
+		how = fmt.Sprintf("ROUNDS=%d make bench-peers", r.Rounds)
+	}
+	p("Generated by `%s` (bench/peers/run.sh, bench/peers/cmd/benchpeers); rerun it rather than editing the tables by hand.\n\n", how)
+	p("## Machine and setup\n\n")
+	p("- Date: %s\n", r.Date.Format("2006-01-02 15:04 MST"))
+	p("- CPU: %s, %d cores (nproc); kernel %s; %s\n", r.CPU, r.Cores, r.Kernel, r.Go)
+	for _, s := range r.Systems {
+		v := s.Version
+		if v == "" {
+			v = "version unknown"
+		}
+		p("- %s %s: %s\n", s.Name, v, s.Setup)
+	}
+	p("- Each run: %v warm-up, then %v measured; %d-byte values; %d keys for get and mixed (%d%% gets); closed-loop clients, one connection each, one request in flight each.\n",
+		r.Warmup, r.Duration, r.ValueSize, r.Keys, r.GetPercent)
+	if r.Rounds > 1 {
+		p("- The whole matrix ran %d times, systems back to back within each round. Each cell shows the run with the median throughput over the rounds; each ratio is the median of the per-round ratios, with their range in brackets.\n", r.Rounds)
+	}
+	p("- Servers, their data (temp dirs on the same disk) and the load generator all share the machine's cores, and other work may have run beside them (load average %s at the start, %s at the end): compare the ratios, measured back to back, more than the absolute numbers.\n\n", r.LoadStart, r.LoadEnd)
+
+	p("## Baselines\n\n")
+	p("| what | p50 | p99 |\n| --- | ---: | ---: |\n")
+	bl := r.Baselines
+	p("| loopback TCP round trip (64 B echo, in process) | %s | %s |\n", ms(bl.LoopbackRTT.P50), ms(bl.LoopbackRTT.P99))
+	if bl.FencekvPing.Count > 0 {
+		p("| fencekv `ping` (raw RTT through the server) | %s | %s |\n", ms(bl.FencekvPing.P50), ms(bl.FencekvPing.P99))
+	}
+	p("| fsync after a 4 KiB overwrite (the data dirs' disk) | %s | %s |\n\n", ms(bl.Fsync.P50), ms(bl.Fsync.P99))
+
+	p("## Throughput and latency\n\n")
+	p("ops/s over all clients; p50/p99 of one op (for lock-cycle, acquire + put + release; for contended, the wait too). The last columns are fencekv's ops/s over the peer's.\n\n")
+	p("| workload | clients |")
+	align := "| --- | ---: |"
+	for _, s := range r.Systems {
+		p(" %s ops/s | p50 | p99 |", s.Name)
+		align += " ---: | ---: | ---: |"
+	}
+	peers := r.peers()
+	for _, peer := range peers {
+		p(" fencekv/%s |", peer)
+		align += " ---: |"
+	}
+	p("\n%s\n", align)
+	var failures []string
+	for _, wl := range bench.Workloads {
+		for _, c := range []int{1, 16, 64, 2, 4, 8, 32, 128, 256} {
+			if !r.ran(wl, c) {
+				continue
+			}
+			p("| %s | %d |", wl, c)
+			for _, s := range r.Systems {
+				rr, ok := r.find(s.Name, wl, c)
+				if !ok {
+					p(" failed | | |")
+				} else {
+					mark := ""
+					if rr.Result.Errors > 0 {
+						mark = " (!)"
+					}
+					p(" %.0f%s | %s | %s |", rr.Result.OpsPerSec, mark, ms(rr.Result.Latency.P50), ms(rr.Result.Latency.P99))
+				}
+				for _, rr := range r.Runs {
+					if rr.System == s.Name && rr.Result.Workload == wl && rr.Result.Clients == c && (rr.Error != "" || rr.Result.Errors > 0) {
+						failures = append(failures, fmt.Sprintf("%s, %s, %d clients, round %d: %d errors; %s %s", s.Name, wl, c, rr.Round, rr.Result.Errors, rr.Error, rr.Result.FirstError))
+					}
+				}
+			}
+			for _, peer := range peers {
+				p(" %s |", r.ratioText(peer, wl, c))
+			}
+			p("\n")
+		}
+	}
+	p("\n")
+	if len(failures) > 0 {
+		p("Errors (runs marked (!) or failed):\n\n")
+		for _, f := range failures {
+			p("- %s\n", f)
+		}
+		p("\n")
+	}
+
+	if r.has("fencekv") {
+		p("fencekv's group commit: commands applied per transaction (so per fsync), over the whole run of the median cell, warm-up included; gets are not commands.\n\n")
+		p("| workload | clients | commands per commit |\n| --- | ---: | ---: |\n")
+		rows := 0
+		for _, wl := range bench.Workloads {
+			for _, c := range []int{1, 2, 4, 8, 16, 32, 64, 128, 256} {
+				if rr, ok := r.find("fencekv", wl, c); ok && rr.GroupCommit != nil && rr.GroupCommit.Commits > 0 && wl != bench.Get {
+					p("| %s | %d | %.1f |\n", wl, c, rr.GroupCommit.PerTx)
+					rows++
+				}
+			}
+		}
+		if rows == 0 {
+			p("| (not recorded) | | |\n")
+		}
+		p("\n")
+	}
+
+	p("## Contended lock\n\n")
+	p("Every client queues for one lock; each grant is acquire, fenced put, release. Grants per client over the measured window, and Jain's fairness index over them (1 = perfectly even, 1/n = one client got all).\n\n")
+	p("| clients | system | grants/s | grants per client (min..max) | fairness |\n| ---: | --- | ---: | ---: | ---: |\n")
+	for _, c := range []int{2, 4, 8, 16, 32, 64, 128, 256} {
+		for _, s := range r.Systems {
+			rr, ok := r.find(s.Name, bench.Contended, c)
+			if !ok {
+				continue
+			}
+			p("| %d | %s | %.0f | %d..%d | %.4f |\n", c, s.Name, rr.Result.OpsPerSec, rr.Result.GrantsMin, rr.Result.GrantsMax, rr.Result.Fairness)
+		}
+	}
+	p("\n")
+
+	p("## Goals\n\n")
+	p("From the \"Speed\" issue. A goal is checked only if its runs succeeded; throughput goals are judged on the median of the per-round ratios.\n\n")
+	p("| goal | measured | verdict |\n| --- | --- | --- |\n")
+	for _, g := range r.goals() {
+		p("| %s | %s | %s |\n", g.goal, g.measured, g.verdict)
+	}
+	p("\n")
+
+	p("## How each system is driven\n\n")
+	p("- **fencekv**: the Go client (wire.Client). A fenced put is one `put` with `token`; a lock is `acquire` (with `wait_ms` for the contended lock: the server queues waiters first come, first served and hands the lock over in the transaction that frees it); `release` by token.\n")
+	p("- **etcd**: clientv3 (one client, so one gRPC connection, per bench client) and one `concurrency.Session` per client. A lock is a `concurrency.Mutex` (waiters queue by key revision and watch their predecessor); its token is the revision the grant was made at (the lock key's create revision when uncontended). A fenced put is one Txn: if `fence/<key>` holds a higher token, refuse; else put the value and the token. Gets are linearizable (etcd's default).\n")
+	p("- **Redis**: go-redis with one connection per client. A lock is a Lua script doing `SET lock holder NX PX ttl` then `INCR` of one token counter; release is a Lua compare-and-delete on the holder value; a fenced put is a Lua script checking the token against the fence kept beside the value (one hash, fields `v` and `f`) and writing both. Redis has no lock queue: a waiting acquire polls, backing off from 1 ms doubling to 16 ms with jitter. With `appendfsync always` Redis fsyncs its AOF once per event-loop pass before replying, so concurrent writes share an fsync, as fencekv's group commit does.\n")
+	p("- Every store compares tokens the same way: a put is accepted if its token is at or above the key's fence.\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// peers are the systems other than fencekv that ran.
+func (r *report) peers() []string {
+	if !r.has("fencekv") {
+		return nil
+	}
+	var out []string
+	for _, s := range r.Systems {
+		if s.Name != "fencekv" {
+			out = append(out, s.Name)
+		}
+	}
+	return out
+}
+
+func (r *report) ran(wl bench.Workload, clients int) bool {
+	for _, rr := range r.Runs {
+		if rr.Result.Workload == wl && rr.Result.Clients == clients {
+			return true
+		}
+	}
+	return false
+}
+
+type goal struct{ goal, measured, verdict string }
+
+func (r *report) goals() []goal {
+	var gs []goal
+	ratioGoal := func(wl bench.Workload, clients int, peer string, target float64) {
+		name := fmt.Sprintf("%s at %d clients ≥ %s %s", wl, clients, times(target), peerName(peer))
+		if !r.has(peer) || !r.has("fencekv") {
+			gs = append(gs, goal{name, "not run", "—"})
+			return
+		}
+		if !r.ran(wl, clients) {
+			gs = append(gs, goal{name, "not run", "—"})
+			return
+		}
+		x := r.ratio(peer, wl, clients)
+		if x == 0 {
+			gs = append(gs, goal{name, "a run failed", "not checked"})
+			return
+		}
+		f, _ := r.find("fencekv", wl, clients)
+		p, _ := r.find(peer, wl, clients)
+		m := fmt.Sprintf("%s (%.0f vs %.0f ops/s)", times(x), f.Result.OpsPerSec, p.Result.OpsPerSec)
+		if xs := r.ratios(peer, wl, clients); len(xs) > 1 {
+			each := make([]string, len(xs))
+			for i, x := range xs {
+				each[i] = times(x)
+			}
+			m = fmt.Sprintf("%s: median of the rounds' %s (median cells: %.0f vs %.0f ops/s)", times(x), strings.Join(each, ", "), f.Result.OpsPerSec, p.Result.OpsPerSec)
+		}
+		gs = append(gs, goal{name, m, verdict(x, target)})
+	}
+	for _, wl := range []bench.Workload{bench.FencedPut, bench.LockCycle} {
+		ratioGoal(wl, 64, "redis", 1)
+		ratioGoal(wl, 64, "etcd", 4)
+	}
+	ratioGoal(bench.Contended, 64, "redis", 1.2)
+	ratioGoal(bench.Contended, 64, "etcd", 3)
+	if f, ok := r.find("fencekv", bench.Contended, 64); ok {
+		v := "met"
+		if f.Result.Fairness < 0.99 {
+			v = fmt.Sprintf("**missed** by %.4f", 0.99-f.Result.Fairness)
+		}
+		gs = append(gs, goal{"contended at 64 clients: fairness ≥ 0.99", fmt.Sprintf("%.4f", f.Result.Fairness), v})
+	}
+	ratioGoal(bench.Get, 64, "redis", 1)
+	if f, ok := r.find("fencekv", bench.FencedPut, 1); ok && r.Baselines.FencekvPing.Count > 0 {
+		bl := r.Baselines
+		bound := bl.FencekvPing.P50 + bl.Fsync.P50 + bl.LoopbackRTT.P50
+		got := f.Result.Latency.P50
+		v := "met"
+		if got > bound {
+			v = fmt.Sprintf("**missed** by %s (%.0f%% over)", ms(got-bound), 100*(float64(got)/float64(bound)-1))
+		}
+		gs = append(gs, goal{"fenced-put at 1 client: p50 ≤ raw RTT (ping p50) + one fsync + one loopback RTT",
+			fmt.Sprintf("p50 %s; bound %s = %s + %s + %s", ms(got), ms(bound), ms(bl.FencekvPing.P50), ms(bl.Fsync.P50), ms(bl.LoopbackRTT.P50)), v})
+	}
+	return gs
+}
+
+func peerName(s string) string {
+	switch s {
+	case "redis":
+		return "Redis (appendfsync always)"
+	case "etcd":
+		return "etcd"
+	}
+	return s
+}
+
+func verdict(x, target float64) string {
+	if x >= target {
+		return "met"
+	}
+	return fmt.Sprintf("**missed**: %.0f%% short of %s", 100*(1-x/target), times(target))
+}
+
+func times(x float64) string {
+	if x == 0 {
+		return "—"
+	}
+	return strconv.FormatFloat(x, 'f', 2, 64) + "×"
+}
+
+func ms(d time.Duration) string {
+	switch {
+	case d == 0:
+		return "—"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.0f µs", float64(d)/float64(time.Microsecond))
+	case d < 10*time.Millisecond:
+		return fmt.Sprintf("%.2f ms", float64(d)/float64(time.Millisecond))
+	}
+	return fmt.Sprintf("%.1f ms", float64(d)/float64(time.Millisecond))
+}
+
+func cpuModel() string {
+	for _, line := range strings.Split(readFile("/proc/cpuinfo"), "\n") {
+		if k, v, ok := strings.Cut(line, ":"); ok && strings.TrimSpace(k) == "model name" {
+			return strings.TrimSpace(v)
+		}
+	}
+	return runtime.GOARCH
+}
+
+// loadavg is the 1, 5 and 15 minute load averages.
+func loadavg() string {
+	f := strings.Fields(readFile("/proc/loadavg"))
+	if len(f) < 3 {
+		return "unknown"
+	}
+	return strings.Join(f[:3], " ")
+}
+
+func readFile(name string) string {
+	b, _ := os.ReadFile(name)
+	return string(b)
+}
+
+func parseInts(s string) ([]int, error) {
+	var out []int
+	for _, f := range strings.Split(s, ",") {
+		n, err := strconv.Atoi(strings.TrimSpace(f))
+		if err != nil || n < 1 {
+			return nil, fmt.Errorf("%q is not a positive number", f)
+		}
+		out = append(out, n)
+	}
+	return out, nil
+}
+
+func parseWorkloads(s string) ([]bench.Workload, error) {
+	if s == "all" {
+		return bench.Workloads, nil
+	}
+	var out []bench.Workload
+	for _, f := range strings.Split(s, ",") {
+		wl, err := bench.ParseWorkload(strings.TrimSpace(f))
+		if err != nil {
+			return nil, err
+		}
+		out = append(out, wl)
+	}
+	return out, nil
+}
+
+// ports prints n free TCP ports on 127.0.0.1, space-separated: all held
+// open at once, so they differ, then closed for the caller to use.
+func ports(args []string, stdout, stderr io.Writer) int {
+	n := 1
+	if len(args) == 1 {
+		var err error
+		if n, err = strconv.Atoi(args[0]); err != nil || n < 1 {
+			fmt.Fprintf(stderr, "benchpeers ports: %q is not a positive number\n", args[0])
+			return 2
+		}
+	}
+	var lns []net.Listener
+	defer func() {
+		for _, ln := range lns {
+			ln.Close()
+		}
+	}()
+	var ps []string
+	for range n {
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			fmt.Fprintf(stderr, "benchpeers ports: %v\n", err)
+			return 1
+		}
+		lns = append(lns, ln)
+		ps = append(ps, strconv.Itoa(ln.Addr().(*net.TCPAddr).Port))
+	}
+	fmt.Fprintln(stdout, strings.Join(ps, " "))
+	return 0
+}
