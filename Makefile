@@ -33,13 +33,16 @@ bench:
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./wire
 
-# The long runs of the suites that test a real server process under kill -9:
-# linearizability checked with porcupine, and the crash loop (verify/). About
-# five minutes; plain `go test ./verify` runs them in seconds.
+# `fencekv verify` with 100 real SIGSTOP pause rounds against a fresh
+# `fencekv serve`, then the long runs of the suites that test a real server
+# process under kill -9: linearizability checked with porcupine, and the
+# crash loop (verify/). About five minutes; plain `go test ./verify` runs
+# short versions of all three in seconds.
 # FENCEKV_VERIFY_SEED replays a run's random choices; FENCEKV_VERIFY_ARTIFACTS
 # is where a failure leaves its history and visualization.
 .PHONY: verify
-verify:
+verify: build
+	bash verify/live.sh ./$(BIN) --rounds 100 --ttl 500ms --clients 4 --updates 400
 	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash' -count=1 -v -timeout 30m ./verify
 
 clean:
