@@ -101,7 +101,6 @@ type Options struct {
 	MaxScan      int           // most items one Scan or Locks returns
 	MaxScanBytes int           // a Scan stops after about this many bytes of keys and values
 	MaxBatch     int           // most commands in one transaction
-	QueueDepth   int           // commands waiting for the commit loop
 
 	// CheckpointEvery and CheckpointBytes say how often the data file is
 	// brought up to date with the write-ahead log (and the log emptied):
@@ -123,7 +122,6 @@ func DefaultOptions() Options {
 		MaxScan:      10_000,
 		MaxScanBytes: 2 << 20,
 		MaxBatch:     1024,
-		QueueDepth:   8192,
 
 		CheckpointEvery: 200 * time.Millisecond,
 		CheckpointBytes: 64 << 20,
@@ -132,7 +130,7 @@ func DefaultOptions() Options {
 
 func (o *Options) validate() error {
 	switch {
-	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.QueueDepth <= 0:
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0:
 		return errors.New("fencekv: size limits must be positive")
 	case o.MinTTL <= 0 || o.MaxTTL < o.MinTTL:
 		return fmt.Errorf("fencekv: bad TTL range %v..%v", o.MinTTL, o.MaxTTL)
@@ -153,15 +151,19 @@ type DB struct {
 	store  *kv.Store
 	leases *lease.Manager
 
-	reqs   chan *request
-	sendMu sync.RWMutex // held for reading while sending on reqs; for writing by Close
-	closed bool         // guarded by sendMu
-	stop   chan struct{}
-	wg     sync.WaitGroup
+	qmu     sync.Mutex // guards pending, leading, closed
+	qidle   sync.Cond  // signalled (with qmu) when leading ends
+	pending []*request // submitted, not yet taken into a batch, oldest first
+	leading bool       // a goroutine is the leader: it alone applies batches
+	closed  bool
 
-	log_ *wal.Log // the write-ahead log; used only by the commit loop (and Open, Close)
+	stop chan struct{} // closed by Close: stops the expiry loop
+	wg   sync.WaitGroup
 
-	// Owned by the commit loop:
+	log_ *wal.Log // the write-ahead log; used only by the leader (and Open, Close)
+
+	// Owned by the leader (see lead):
+	batch     []*request
 	seq       uint64    // the last log record written
 	rec       []byte    // the log record being built for the current batch
 	logged    int       // commands in rec
@@ -210,9 +212,9 @@ func Open(dir string, opts *Options) (*DB, error) {
 		store:  store,
 		log_:   log_,
 		leases: lease.NewManager(),
-		reqs:   make(chan *request, o.QueueDepth),
 		stop:   make(chan struct{}),
 	}
+	db.qidle.L = &db.qmu
 	if db.log == nil {
 		db.log = slog.New(slog.DiscardHandler)
 	}
@@ -232,13 +234,12 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
 	db.lastCkpt = db.clock.Now()
-	db.wg.Add(2)
-	go db.commitLoop()
+	db.wg.Add(1)
 	go db.expiryLoop()
 	return db, nil
 }
 
-// Close stops accepting commands, lets the commit loop answer every command
+// Close stops accepting commands, lets the leader answer every command
 // already submitted, fails queued waiters with ErrUnavailable, and closes
 // the file. It is safe to call more than once; later calls return the first
 // call's result.
@@ -247,10 +248,13 @@ func (db *DB) Close() error {
 		// Apply expiries already due, so that a lease that ran out before
 		// a clean Close does not come back, re-armed, after Open.
 		db.expireDue(db.now())
-		db.sendMu.Lock()
+		db.qmu.Lock()
 		db.closed = true
-		close(db.reqs)
-		db.sendMu.Unlock()
+		for db.leading || len(db.pending) > 0 {
+			db.qidle.Wait()
+		}
+		db.qmu.Unlock()
+		db.drainWaiters()
 		close(db.stop)
 		db.wg.Wait()
 		db.closeErr = errors.Join(db.checkpoint(), db.store.Close(), db.log_.Close())
@@ -263,13 +267,14 @@ func (db *DB) now() time.Duration { return db.clock.Now().Sub(db.epoch) }
 
 var errClosed = errorf(CodeUnavailable, "the database is closed")
 
-// request is a command on its way through the commit loop.
+// request is a command on its way to be applied.
 type request struct {
 	cmd    Command
 	wait   time.Duration // acquire: queue for the lock this long if it is held
 	res    Result
-	waiter *lease.Waiter // set by the commit loop when the acquire was queued
-	done   chan struct{} // receives once res (and waiter) are set
+	waiter *lease.Waiter // set by the leader when the acquire was queued
+	lead   bool          // set, before done receives, to make the submitter the leader
+	done   chan struct{} // receives once res (and waiter) are set, or lead is
 }
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -285,27 +290,83 @@ func (r *request) free() {
 	requestPool.Put(r)
 }
 
-// submit hands r to the commit loop and waits for its result. Once sent, a
-// command is applied and answered whatever ctx does: ctx bounds only the
-// wait for room in the queue.
-func (db *DB) submit(ctx context.Context, r *request) error {
-	db.sendMu.RLock()
+// Group commit without a commit goroutine: the goroutines that submit
+// commands take turns as the leader. A submitter that finds no leader
+// becomes it: it takes every command waiting (its own among them) as one
+// batch, applies it in one transaction, makes it durable with one log sync,
+// answers the batch, then hands the lead to the oldest command still
+// waiting, whose submitter commits the next batch. The batch size follows
+// the load, with no timer: while one batch syncs, the next gathers. A lone
+// caller commits its own command, with no goroutine switch.
+
+// submit applies r and waits for its result. ctx is not consulted: once
+// submitted, a command is applied and answered.
+func (db *DB) submit(_ context.Context, r *request) error {
+	return db.submitAll(r)
+}
+
+// submitAll queues the requests together and waits for all of them.
+func (db *DB) submitAll(rs ...*request) error {
+	db.qmu.Lock()
 	if db.closed {
-		db.sendMu.RUnlock()
+		db.qmu.Unlock()
 		return errClosed
 	}
-	select {
-	case db.reqs <- r:
-	case <-ctx.Done():
-		db.sendMu.RUnlock()
-		return ctx.Err()
+	db.pending = append(db.pending, rs...)
+	lead := !db.leading
+	db.leading = true
+	db.qmu.Unlock()
+	if lead {
+		db.lead()
 	}
-	db.sendMu.RUnlock()
-	<-r.done
+	for _, r := range rs {
+		for {
+			<-r.done
+			if !r.lead {
+				break
+			}
+			r.lead = false
+			db.lead()
+		}
+	}
 	return nil
 }
 
-// exec runs one command through the commit loop.
+// lead commits one batch, then passes the lead on (or gives it up). Only
+// the leader calls it, so commitBatch and the state it owns are used by one
+// goroutine at a time; qmu and the done channels order the turns.
+func (db *DB) lead() {
+	db.qmu.Lock()
+	n, size := 0, 0
+	for n < len(db.pending) && n < db.opts.MaxBatch && size < maxBatchBytes {
+		size += len(db.pending[n].cmd.Key) + len(db.pending[n].cmd.Value)
+		n++
+	}
+	db.batch = append(db.batch[:0], db.pending[:n]...)
+	rest := copy(db.pending, db.pending[n:])
+	clear(db.pending[rest:])
+	db.pending = db.pending[:rest]
+	db.qmu.Unlock()
+
+	if len(db.batch) > 0 {
+		db.commitBatch(db.batch)
+		clear(db.batch)
+	}
+
+	db.qmu.Lock()
+	if len(db.pending) == 0 {
+		db.leading = false
+		db.qidle.Broadcast()
+		db.qmu.Unlock()
+		return
+	}
+	next := db.pending[0]
+	next.lead = true
+	db.qmu.Unlock()
+	next.done <- struct{}{}
+}
+
+// exec runs one command.
 func (db *DB) exec(ctx context.Context, c Command) Result {
 	r := newRequest(c)
 	defer r.free()
@@ -313,39 +374,6 @@ func (db *DB) exec(ctx context.Context, c Command) Result {
 		return Result{Err: err}
 	}
 	return r.res
-}
-
-// commitLoop owns the write side: it takes every command waiting, applies
-// them in one transaction, commits, and only then answers them. The batch
-// size follows the load: while one commit's fsync runs, the next batch
-// gathers. There is no timer.
-func (db *DB) commitLoop() {
-	defer db.wg.Done()
-	batch := make([]*request, 0, db.opts.MaxBatch)
-	for {
-		r, ok := <-db.reqs
-		if !ok {
-			db.drainWaiters()
-			return
-		}
-		batch = append(batch[:0], r)
-		size := len(r.cmd.Key) + len(r.cmd.Value)
-	gather:
-		for len(batch) < db.opts.MaxBatch && size < maxBatchBytes {
-			select {
-			case r, ok := <-db.reqs:
-				if !ok {
-					break gather
-				}
-				batch = append(batch, r)
-				size += len(r.cmd.Key) + len(r.cmd.Value)
-			default:
-				break gather
-			}
-		}
-		db.commitBatch(batch)
-		clear(batch)
-	}
 }
 
 // maxBatchBytes bounds the keys and values of one batch, and so the size of
@@ -480,7 +508,7 @@ func (db *DB) writeRecord() error {
 }
 
 // checkpoint commits the data file up to the last log record and empties
-// the log. Called by the commit loop, and by Close after it ended.
+// the log. Called by the leader, and by Close once no one leads.
 func (db *DB) checkpoint() error {
 	db.mu.Lock()
 	failed := db.failed
@@ -568,8 +596,8 @@ func (db *DB) handOff(tx *kv.Tx, now time.Duration, name string, handed []handof
 	}
 }
 
-// drainWaiters fails every queued waiter. Called by the commit loop as it
-// exits.
+// drainWaiters fails every queued waiter. Called by Close once no one
+// leads.
 func (db *DB) drainWaiters() {
 	for _, name := range db.leases.QueuedLocks() {
 		for w := db.leases.Pop(name); w != nil; w = db.leases.Pop(name) {
@@ -622,42 +650,30 @@ func (db *DB) expiryLoop() {
 }
 
 // expireDue submits expire commands for what is due at now and waits for
-// them. It returns false when the DB is closing or failed. It waits for
-// every command it sent, also when closing: the commit loop answers them
-// all, and a request may go back to the pool only after its answer.
+// them. It returns false when the DB is closing or failed.
 func (db *DB) expireDue(now time.Duration) bool {
 	names := db.leases.Due(now, db.opts.MaxBatch)
-	reqs := make([]*request, 0, len(names))
-	ok := true
-send:
-	for _, name := range names {
-		r := newRequest(Command{Op: OpExpire, Lease: lease.Request{Name: name}})
-		db.sendMu.RLock()
-		if db.closed {
-			db.sendMu.RUnlock()
+	if len(names) == 0 {
+		return true
+	}
+	reqs := make([]*request, len(names))
+	for i, name := range names {
+		reqs[i] = newRequest(Command{Op: OpExpire, Lease: lease.Request{Name: name}})
+	}
+	defer func() {
+		for _, r := range reqs {
 			r.free()
-			ok = false
-			break
 		}
-		select {
-		case db.reqs <- r:
-			reqs = append(reqs, r)
-		case <-db.stop:
-			db.sendMu.RUnlock()
-			r.free()
-			ok = false
-			break send
-		}
-		db.sendMu.RUnlock()
+	}()
+	if err := db.submitAll(reqs...); err != nil {
+		return false
 	}
 	for _, r := range reqs {
-		<-r.done
 		if r.res.Err != nil {
-			ok = false
+			return false
 		}
-		r.free()
 	}
-	return ok
+	return true
 }
 
 // view runs fn in a read-only transaction. It sees every acknowledged
