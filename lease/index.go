@@ -41,7 +41,9 @@ func (x *index) Pop() any {
 	return it
 }
 
-// set makes name due at at. It reports whether the earliest time changed.
+// set makes name due at at. It reports whether the earliest time moved
+// earlier (or the index was empty): only then must a sleeper waiting for
+// the earliest time wake up sooner.
 func (x *index) set(name string, at time.Duration) bool {
 	before, had := x.next()
 	if it, ok := x.byKey[name]; ok {
@@ -53,7 +55,7 @@ func (x *index) set(name string, at time.Duration) bool {
 		heap.Push(x, it)
 	}
 	after, _ := x.next()
-	return !had || after != before
+	return !had || after < before
 }
 
 func (x *index) remove(name string) {
