@@ -445,23 +445,7 @@ func (c *Client) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
 			p.bin("key", key)
 			return nil
 		},
-		func(dec *msgpack.Decoder) error {
-			return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-				switch k {
-				case "found":
-					e.Found, err = dec.DecodeBool()
-				case "value":
-					e.Value, err = dec.DecodeBytes()
-				case "fence":
-					err = decodeTo(dec, (*uint64)(&e.Fence))
-				case "revision":
-					err = decodeTo(dec, (*uint64)(&e.Revision))
-				default:
-					err = dec.Skip()
-				}
-				return err
-			})
-		})
+		func(dec *msgpack.Decoder) error { return decodeEntry(dec, &e) })
 	if err != nil {
 		return fencekv.Entry{}, err
 	}
@@ -469,6 +453,27 @@ func (c *Client) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
 		e.Value = []byte{}
 	}
 	return e, nil
+}
+
+// decodeEntry reads a get result or a scan item into e.
+func decodeEntry(dec *msgpack.Decoder, e *fencekv.Entry) error {
+	return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+		switch k {
+		case "found":
+			e.Found, err = dec.DecodeBool()
+		case "key":
+			e.Key, err = dec.DecodeBytes()
+		case "value":
+			e.Value, err = dec.DecodeBytes()
+		case "fence":
+			err = decodeTo(dec, (*uint64)(&e.Fence))
+		case "revision":
+			err = decodeTo(dec, (*uint64)(&e.Revision))
+		default:
+			err = dec.Skip()
+		}
+		return err
+	})
 }
 
 // Put writes value to key; see fencekv.DB.Put.
@@ -554,22 +559,7 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 					items = make([]fencekv.Entry, 0, max(n, 0))
 					for i := 0; i < n; i++ {
 						e := fencekv.Entry{Found: true}
-						err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-							switch k {
-							case "key":
-								e.Key, err = dec.DecodeBytes()
-							case "value":
-								e.Value, err = dec.DecodeBytes()
-							case "fence":
-								err = decodeTo(dec, (*uint64)(&e.Fence))
-							case "revision":
-								err = decodeTo(dec, (*uint64)(&e.Revision))
-							default:
-								err = dec.Skip()
-							}
-							return err
-						})
-						if err != nil {
+						if err := decodeEntry(dec, &e); err != nil {
 							return err
 						}
 						if e.Value == nil {

@@ -44,6 +44,24 @@ func tokenArg(c *cli.Context) (fencekv.Token, error) {
 	return 0, usagef("%s: give the lease's token with --token N (or as the second argument)", c.Command.FullName())
 }
 
+// withLease is the action of a command on one lease (NAME and --token):
+// it checks the arguments and runs fn with a client.
+func withLease(fn func(ctx context.Context, c *cli.Context, cl *wire.Client, name string, token fencekv.Token) error) cli.ActionFunc {
+	return func(c *cli.Context) error {
+		if err := nargs(c, 1, 2); err != nil {
+			return err
+		}
+		token, err := tokenArg(c)
+		if err != nil {
+			return err
+		}
+		name := c.Args().First()
+		return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+			return fn(ctx, c, cl, name, token)
+		})
+	}
+}
+
 func tokenFlag() cli.Flag {
 	return &cli.Uint64Flag{Name: "token", Aliases: []string{"t"}, EnvVars: []string{"FENCEKV_TOKEN"}, Usage: "the lease's `TOKEN`"}
 }
@@ -94,23 +112,13 @@ func lockRenewCommand() *cli.Command {
 		ArgsUsage: "NAME [TOKEN]",
 		UsageText: "fencekv lock renew NAME --token N",
 		Flags:     flags(clientFlags(), []cli.Flag{tokenFlag()}),
-		Action: func(c *cli.Context) error {
-			if err := nargs(c, 1, 2); err != nil {
-				return err
-			}
-			token, err := tokenArg(c)
+		Action: withLease(func(ctx context.Context, c *cli.Context, cl *wire.Client, name string, token fencekv.Token) error {
+			ttl, err := cl.Renew(ctx, name, token)
 			if err != nil {
-				return err
+				return refused(c, err)
 			}
-			name := c.Args().First()
-			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
-				ttl, err := cl.Renew(ctx, name, token)
-				if err != nil {
-					return refused(c, err)
-				}
-				return show(c, fmt.Sprintf("OK ttl=%v", ttl), map[string]any{"lock": name, "token": token, "ttl_ms": ttl.Milliseconds()})
-			})
-		},
+			return show(c, fmt.Sprintf("OK ttl=%v", ttl), map[string]any{"lock": name, "token": token, "ttl_ms": ttl.Milliseconds()})
+		}),
 	}
 }
 
@@ -121,22 +129,12 @@ func lockReleaseCommand() *cli.Command {
 		ArgsUsage: "NAME [TOKEN]",
 		UsageText: "fencekv lock release NAME --token N\n\nExit status 3 if the token does not hold the lock (any more).",
 		Flags:     flags(clientFlags(), []cli.Flag{tokenFlag()}),
-		Action: func(c *cli.Context) error {
-			if err := nargs(c, 1, 2); err != nil {
-				return err
+		Action: withLease(func(ctx context.Context, c *cli.Context, cl *wire.Client, name string, token fencekv.Token) error {
+			if err := cl.Release(ctx, name, token); err != nil {
+				return refused(c, err)
 			}
-			token, err := tokenArg(c)
-			if err != nil {
-				return err
-			}
-			name := c.Args().First()
-			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
-				if err := cl.Release(ctx, name, token); err != nil {
-					return refused(c, err)
-				}
-				return show(c, "OK released", map[string]any{"lock": name, "token": token, "released": true})
-			})
-		},
+			return show(c, "OK released", map[string]any{"lock": name, "token": token, "released": true})
+		}),
 	}
 }
 
