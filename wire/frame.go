@@ -36,6 +36,9 @@ func newFrameReader(r io.Reader, max int) *frameReader {
 	return &frameReader{r: bufio.NewReaderSize(r, 64<<10), max: max}
 }
 
+// idle reports whether no bytes of a next message have arrived yet.
+func (f *frameReader) idle() bool { return f.r.Buffered() == 0 }
+
 // next reads one msgpack object. The returned slice is valid until the next
 // call. io.EOF means the stream ended cleanly between messages.
 func (f *frameReader) next() ([]byte, error) {

@@ -213,7 +213,9 @@ func TestPipelineClientConcurrent(t *testing.T) {
 // TestPipelineInFlightLimitRaw pipelines past the in-flight limit: the
 // requests over it are refused with limit_exceeded at once, the others
 // answered, and the connection stays usable. Reads (ping, get, lock_info,
-// status) are served by the read loop itself and take no slot.
+// status), and writes that arrive with nothing behind them, are served by the
+// read loop itself and take no slot; an acquire that may wait always takes
+// one.
 func TestPipelineInFlightLimitRaw(t *testing.T) {
 	ts := startServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2 })
 	ctx := context.Background()
@@ -224,22 +226,26 @@ func TestPipelineInFlightLimitRaw(t *testing.T) {
 	acq := []any{map[string]any{"lock": "L", "ttl_ms": 1000, "wait_ms": 60_000}}
 	raw.send([]any{0, 1, "acquire", acq}, []any{0, 2, "acquire", acq})
 	eventually(t, 10*time.Second, "two queued acquires", func() bool { return waiters(t, ts.DB, "L") == 2 })
-	raw.send([]any{0, 3, "put", []any{map[string]any{"key": "k", "value": "v"}}}, []any{0, 4, "incr", []any{map[string]any{"key": "n", "delta": 1}}})
+	raw.send([]any{0, 3, "acquire", acq}, []any{0, 4, "acquire", acq})
 	for _, want := range []uint64{3, 4} {
 		p := raw.reply()
 		if p.id != want || p.code() != "limit_exceeded" {
 			t.Fatalf("request %d over the limit: %+v; want limit_exceeded", want, p)
 		}
 	}
-	// Reads are still served while the slots are full.
+	// Reads, and a write with nothing behind it, are still served while
+	// the slots are full.
 	if p := raw.call(8, "ping"); p.err != nil {
 		t.Fatalf("ping with the slots full: %+v", p)
 	}
+	if p := raw.call(9, "put", map[string]any{"key": "k", "value": "v"}); p.err != nil {
+		t.Fatalf("a lone put with the slots full: %+v", p)
+	}
 	// A notification over the limit is dropped without an answer. The
-	// refused delete after it shows it was read while the slots were full.
-	raw.send([]any{2, "put", []any{map[string]any{"key": "dropped", "value": "v"}}}, []any{0, 7, "delete", []any{map[string]any{"key": "x"}}})
+	// refused acquire after it shows it was read while the slots were full.
+	raw.send([]any{2, "put", []any{map[string]any{"key": "dropped", "value": "v"}}}, []any{0, 7, "acquire", acq})
 	if p := raw.reply(); p.id != 7 || p.code() != "limit_exceeded" {
-		t.Fatalf("delete after the notification: %+v; want limit_exceeded", p)
+		t.Fatalf("acquire after the notification: %+v; want limit_exceeded", p)
 	}
 	ok(t, holder.Release(ctx, "L", l.Token))
 	// The two acquires queued in either order; the first in the queue is

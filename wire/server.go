@@ -276,10 +276,7 @@ func newConn(s *Server, nc net.Conn) *conn {
 // stopReading makes the read loop end at its next read. Called with s.mu held.
 func (c *conn) stopReading() { c.nc.SetReadDeadline(time.Now()) }
 
-var (
-	encoderPool = sync.Pool{New: func() any { return newEncoder() }}
-	decoderPool = sync.Pool{New: func() any { return msgpack.NewDecoder(nil) }}
-)
+var encoderPool = sync.Pool{New: func() any { return newEncoder() }}
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
@@ -312,12 +309,24 @@ func (c *conn) readLoop() {
 			c.reply(m.msgid, nil, asError(err))
 			continue
 		}
-		if readOnly[m.method] && m.typ == typeRequest {
-			// Reads take microseconds and never block on the commit
-			// loop (at most on the fsync of a commit they see): serve
-			// them here, without a goroutine or an in-flight slot.
+		// The args own their bytes: the frame buffer can be reused.
+		var a args
+		if err := parseArgs(dec, m.params, &a); err != nil {
+			if m.typ == typeRequest {
+				c.reply(m.msgid, nil, asError(err))
+			}
+			continue
+		}
+		// Serve a request here, without a goroutine or an in-flight slot,
+		// when that holds up nothing: reads (microseconds), and writes
+		// when the client has sent nothing more yet (a client waiting for
+		// this answer; a pipelining client gets its writes served
+		// concurrently, so they share commits). Never an acquire that may
+		// wait for the lock.
+		if m.typ == typeRequest && (readOnly[m.method] ||
+			fr.idle() && !(m.method == "acquire" && a.waitMs > 0)) {
 			c.handlers.Add(1)
-			c.handle(m)
+			c.handle(m, &a)
 			continue
 		}
 		select {
@@ -330,11 +339,9 @@ func (c *conn) readLoop() {
 			}
 			continue
 		}
-		if m.params != nil {
-			m.params = append([]byte(nil), m.params...) // the frame buffer is reused
-		}
+		m.params = nil // parsed into a; the frame buffer is reused
 		c.handlers.Add(1)
-		go c.handle(m)
+		go c.handle(m, &a)
 	}
 }
 
@@ -362,7 +369,7 @@ func (c *conn) frameError(dec *msgpack.Decoder, prefix []byte, err error) {
 	}
 }
 
-func (c *conn) handle(m message) {
+func (c *conn) handle(m message, a *args) {
 	defer func() {
 		if p := recover(); p != nil {
 			c.s.log.Error("panic serving request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
@@ -376,14 +383,6 @@ func (c *conn) handle(m message) {
 	}()
 	e := encoderPool.Get().(*encoder)
 	e.response(m.msgid)
-	var a args
-	dec := decoderPool.Get().(*msgpack.Decoder)
-	err := parseArgs(dec, m.params, &a)
-	decoderPool.Put(dec)
-	if err != nil {
-		c.finish(m, e, asError(err))
-		return
-	}
 	call, ok := methods[m.method]
 	if !ok {
 		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", m.method)})
@@ -396,7 +395,7 @@ func (c *conn) handle(m message) {
 	if m.method == "acquire" {
 		ctx = c.waits
 	}
-	if err := call(ctx, c.s.eng, &a, e); err != nil {
+	if err := call(ctx, c.s.eng, a, e); err != nil {
 		e.response(m.msgid)
 		c.finish(m, e, asError(shutdownError(ctx, err)))
 		return

@@ -686,10 +686,12 @@ func TestErrorCodes(t *testing.T) {
 			}()
 		}
 		eventually(t, 10*time.Second, "two queued acquires", func() bool { return waiters(t, ts.DB, "L") == 2 })
-		_, err = blocked.Put(ctx, b("k"), b("v"), fencekv.WriteOptions{})
+		_, err = blocked.Acquire(ctx, "L", time.Second, &fencekv.AcquireOptions{Wait: time.Hour})
 		wantCode(t, err, fencekv.CodeLimitExceeded)
-		// Reads take no slot.
+		// Reads, and a write with nothing behind it, take no slot.
 		_, err = blocked.Ping(ctx)
+		ok(t, err)
+		_, err = blocked.Put(ctx, b("k"), b("v"), fencekv.WriteOptions{})
 		ok(t, err)
 		// Other connections are not limited by this one.
 		_, err = c.Ping(ctx)
