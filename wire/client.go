@@ -476,6 +476,32 @@ func decodeEntry(dec *msgpack.Decoder, e *fencekv.Entry) error {
 	})
 }
 
+// decodePage reads a paged result {list: [...], "more": bool}: alloc is
+// called with the list's length, then item for each element.
+func decodePage(dec *msgpack.Decoder, list string, more *bool, alloc func(n int), item func(i int, dec *msgpack.Decoder) error) error {
+	return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+		switch k {
+		case "more":
+			var err error
+			*more, err = dec.DecodeBool()
+			return err
+		case list:
+			n, err := dec.DecodeArrayLen()
+			if err != nil {
+				return err
+			}
+			alloc(max(n, 0))
+			for i := 0; i < n; i++ {
+				if err := item(i, dec); err != nil {
+					return err
+				}
+			}
+			return nil
+		}
+		return dec.Skip()
+	})
+}
+
 // Put writes value to key; see fencekv.DB.Put.
 func (c *Client) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
 	var r writeResult
@@ -545,32 +571,17 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 			return nil
 		},
 		func(dec *msgpack.Decoder) error {
-			return eachField(dec, func(dec *msgpack.Decoder, k string) error {
-				switch k {
-				case "more":
-					var err error
-					more, err = dec.DecodeBool()
-					return err
-				case "items":
-					n, err := dec.DecodeArrayLen()
-					if err != nil {
+			return decodePage(dec, "items", &more, func(n int) { items = make([]fencekv.Entry, n) },
+				func(i int, dec *msgpack.Decoder) error {
+					items[i].Found = true
+					if err := decodeEntry(dec, &items[i]); err != nil {
 						return err
 					}
-					items = make([]fencekv.Entry, 0, max(n, 0))
-					for i := 0; i < n; i++ {
-						e := fencekv.Entry{Found: true}
-						if err := decodeEntry(dec, &e); err != nil {
-							return err
-						}
-						if e.Value == nil {
-							e.Value = []byte{}
-						}
-						items = append(items, e)
+					if items[i].Value == nil {
+						items[i].Value = []byte{}
 					}
 					return nil
-				}
-				return dec.Skip()
-			})
+				})
 		})
 	if err != nil {
 		return nil, false, err
@@ -757,27 +768,8 @@ func (c *Client) Locks(ctx context.Context, prefix, start string, limit int) ([]
 			return nil
 		},
 		func(dec *msgpack.Decoder) error {
-			return eachField(dec, func(dec *msgpack.Decoder, k string) error {
-				switch k {
-				case "more":
-					var err error
-					more, err = dec.DecodeBool()
-					return err
-				case "locks":
-					n, err := dec.DecodeArrayLen()
-					if err != nil {
-						return err
-					}
-					locks = make([]fencekv.LockInfo, max(n, 0))
-					for i := range locks {
-						if err := decodeLock(dec, &locks[i]); err != nil {
-							return err
-						}
-					}
-					return nil
-				}
-				return dec.Skip()
-			})
+			return decodePage(dec, "locks", &more, func(n int) { locks = make([]fencekv.LockInfo, n) },
+				func(i int, dec *msgpack.Decoder) error { return decodeLock(dec, &locks[i]) })
 		})
 	if err != nil {
 		return nil, false, err
