@@ -56,7 +56,6 @@ package fencekv
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -478,10 +477,10 @@ func (db *DB) apply(tx *kv.Tx, c *Command) Result {
 	return r
 }
 
-// startRecord begins the log record of a batch: its sequence number, then
-// the commands that change state, in the order they were applied.
+// startRecord begins the log record of a batch: the commands that change
+// state, in the order they were applied. The record's number is seq+1.
 func (db *DB) startRecord() {
-	db.rec = binary.BigEndian.AppendUint64(db.rec[:0], db.seq+1)
+	db.rec = db.rec[:0]
 	db.logged = 0
 }
 
@@ -491,7 +490,7 @@ func (db *DB) writeRecord() error {
 	if db.logged == 0 {
 		return nil
 	}
-	if err := db.log_.Append(db.rec); err != nil {
+	if err := db.log_.Append(db.seq+1, db.rec); err != nil {
 		return err
 	}
 	if !db.opts.NoSync {
@@ -527,17 +526,14 @@ func (db *DB) checkpoint() error {
 
 // replay applies the log records the data file does not reflect yet (those
 // after its last checkpoint), then checkpoints. Called by Open.
-func (db *DB) replay(recs [][]byte) error {
+func (db *DB) replay(recs []wal.Record) error {
 	applied, err := db.store.Applied()
 	if err != nil {
 		return err
 	}
 	db.seq = applied
 	for _, rec := range recs {
-		if len(rec) < 8 {
-			return errBadCommand
-		}
-		seq := binary.BigEndian.Uint64(rec)
+		seq := rec.LSN
 		if seq <= applied {
 			continue // already in the data file
 		}
@@ -548,7 +544,7 @@ func (db *DB) replay(recs [][]byte) error {
 		if err != nil {
 			return err
 		}
-		for b := rec[8:]; len(b) > 0; {
+		for b := rec.Payload; len(b) > 0; {
 			var c Command
 			if c, b, err = readCommand(b); err != nil {
 				return err

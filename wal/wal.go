@@ -10,7 +10,7 @@
 //
 //	length  uint32, big-endian: the payload's length
 //	crc     uint32, big-endian: CRC-32C of lsn and payload
-//	lsn     uint64, big-endian: the record's number, one more than the last
+//	lsn     uint64, big-endian: the record's number, given by the caller
 //	payload
 //
 // Starting over (Reset) does not truncate the file: new records overwrite
@@ -18,7 +18,11 @@
 // costs less than growing it (no metadata to journal). Reading stops at the
 // first record that is cut short, fails its checksum, or does not number
 // one more than the record before it: a torn append (never synced, so never
-// acknowledged), or records left from before the last Reset.
+// acknowledged), or records left from before the last Reset. For the last
+// rule to hold, the caller numbers records with one increasing sequence that
+// never restarts (fencekv uses the sequence its data file records as
+// applied), so a record left from before a Reset never numbers one more
+// than a newer one.
 //
 // A Log is used by one goroutine at a time.
 package wal
@@ -46,14 +50,20 @@ var ErrTooLarge = errors.New("wal: record too large")
 type Log struct {
 	f   *os.File
 	off int64  // where the next record goes
-	lsn uint64 // the next record's number
 	buf []byte // reused for appends
 }
 
-// Open opens or creates the log at path and returns it with the payloads of
-// the records since its last Reset, in order. The next Append goes after
-// them.
-func Open(path string) (*Log, [][]byte, error) {
+// Record is a record read back by Open.
+type Record struct {
+	LSN     uint64
+	Payload []byte
+}
+
+// Open opens or creates the log at path and returns it with the records
+// since its last Reset, in order (possibly preceded by records from before
+// it, which the caller recognises by their numbers). The next Append goes
+// after them.
+func Open(path string) (*Log, []Record, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
 		return nil, nil, fmt.Errorf("wal: %w", err)
@@ -63,34 +73,35 @@ func Open(path string) (*Log, [][]byte, error) {
 		f.Close()
 		return nil, nil, fmt.Errorf("wal: %w", err)
 	}
-	l := &Log{f: f, lsn: 1}
-	var recs [][]byte
+	l := &Log{f: f}
+	var recs []Record
 	for off := 0; len(data)-off >= header; {
 		n := int(binary.BigEndian.Uint32(data[off:]))
 		sum := binary.BigEndian.Uint32(data[off+4:])
 		lsn := binary.BigEndian.Uint64(data[off+8:])
 		if n > MaxRecord || len(data)-off-header < n ||
 			crc32.Checksum(data[off+8:off+header+n], castagnoli) != sum ||
-			(len(recs) > 0 && lsn != l.lsn) {
+			(len(recs) > 0 && lsn != recs[len(recs)-1].LSN+1) {
 			break
 		}
-		recs = append(recs, data[off+header:off+header+n])
+		recs = append(recs, Record{LSN: lsn, Payload: data[off+header : off+header+n]})
 		off += header + n
-		l.off, l.lsn = int64(off), lsn+1
+		l.off = int64(off)
 	}
 	return l, recs, nil
 }
 
-// Append writes one record after the last. It is not durable until Sync
-// returns.
-func (l *Log) Append(payload []byte) error {
+// Append writes record lsn after the last. lsn must be one more than the
+// last record's (any number for the first after Open or Reset, but never one
+// used before). It is not durable until Sync returns.
+func (l *Log) Append(lsn uint64, payload []byte) error {
 	if len(payload) > MaxRecord {
 		return ErrTooLarge
 	}
 	b := l.buf[:0]
 	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
 	b = binary.BigEndian.AppendUint32(b, 0) // the checksum, below
-	b = binary.BigEndian.AppendUint64(b, l.lsn)
+	b = binary.BigEndian.AppendUint64(b, lsn)
 	b = append(b, payload...)
 	binary.BigEndian.PutUint32(b[4:], crc32.Checksum(b[8:], castagnoli))
 	l.buf = b
@@ -98,7 +109,6 @@ func (l *Log) Append(payload []byte) error {
 		return fmt.Errorf("wal: append: %w", err)
 	}
 	l.off += int64(len(b))
-	l.lsn++
 	return nil
 }
 
