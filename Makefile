@@ -30,8 +30,12 @@ test: vet fmt-check race
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
 
+# Every decoder of outside bytes: the wire, the write-ahead log, its commands.
+# Under plain `go test` their seed corpora run as tests.
 fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./wire
+	$(GO) test -run '^$$' -fuzz FuzzOpen -fuzztime $(FUZZTIME) ./wal
+	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime $(FUZZTIME) .
 
 # `fencekv verify` with 100 real SIGSTOP pause rounds against a fresh
 # `fencekv serve`, then the long runs of the suites that test a real server
