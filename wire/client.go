@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"net"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -28,10 +29,11 @@ type Client struct {
 	nc   net.Conn
 	addr string
 
-	wmu  sync.Mutex // guards bw, enc, next (the write side)
-	bw   *bufio.Writer
-	enc  *msgpack.Encoder
-	next uint32
+	writers atomic.Int32 // callers waiting for or holding wmu
+	wmu     sync.Mutex   // guards bw, enc, next (the write side)
+	bw      *bufio.Writer
+	enc     *msgpack.Encoder
+	next    uint32
 
 	mu      sync.Mutex // guards pending, err
 	pending map[uint32]*call
@@ -284,8 +286,12 @@ func (p params) bool(k string, v bool) {
 // start sends [0, id, method, [params]] (params written by write; nil
 // write sends an empty params array) and registers p for the response.
 func (c *Client) start(method string, write func(params) error, p *call) (uint32, error) {
+	c.writers.Add(1)
 	c.wmu.Lock()
 	defer c.wmu.Unlock()
+	// The last of the callers queued here flushes for all of them, so
+	// concurrent calls leave in one write.
+	last := c.writers.Add(-1) == 0
 	c.next++
 	id := c.next
 	c.mu.Lock()
@@ -308,7 +314,7 @@ func (c *Client) start(method string, write func(params) error, p *call) (uint32
 		e.EncodeArrayLen(1)
 		err = write(params{e})
 	}
-	if err == nil {
+	if err == nil && last {
 		err = c.bw.Flush()
 	}
 	if err != nil {
