@@ -359,19 +359,27 @@ type Status struct {
 	Keys      uint64   // live keys
 	Locks     int      // leases held
 	Waiters   int      // callers queued for locks
-	Commits   uint64   // transactions committed since Open
+	Commits   uint64   // group commits (one log sync each) since Open
 	Commands  uint64   // commands applied since Open
-	DataSize  int64    // bytes in the data file
+
+	SyncTime       time.Duration // total time writing and syncing the log, since Open
+	Checkpoints    uint64        // checkpoints of the log into the data file since Open
+	CheckpointTime time.Duration // total time in checkpoints, since Open
+	DataSize       int64         // bytes in the data file
 }
 
 // Status reads the store's counters.
 func (db *DB) Status(ctx context.Context) (Status, error) {
 	s := Status{
-		Version:  Version,
-		Locks:    db.leases.Held(),
-		Waiters:  db.leases.TotalWaiting(),
-		Commits:  db.commits.Load(),
-		Commands: db.commands.Load(),
+		Version: Version,
+		Locks:   db.leases.Held(),
+		Waiters: db.leases.TotalWaiting(),
+		Commits: db.commits.Load(),
+
+		SyncTime:       time.Duration(db.syncNanos.Load()),
+		Checkpoints:    db.checkpoints.Load(),
+		CheckpointTime: time.Duration(db.ckptNanos.Load()),
+		Commands:       db.commands.Load(),
 	}
 	err := db.view(func(tx *kv.Tx, _ time.Duration) error {
 		s.LastToken, s.Revision, s.Keys, s.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()

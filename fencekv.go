@@ -172,8 +172,11 @@ type DB struct {
 	mu     sync.Mutex // guards failed
 	failed error      // set when the log or a checkpoint failed; writes are refused after
 
-	commits  atomic.Uint64
-	commands atomic.Uint64
+	commits     atomic.Uint64
+	commands    atomic.Uint64
+	syncNanos   atomic.Int64 // time spent writing and syncing log records
+	checkpoints atomic.Uint64
+	ckptNanos   atomic.Int64 // time spent in checkpoints
 
 	closeOnce sync.Once
 	closeErr  error
@@ -490,6 +493,8 @@ func (db *DB) writeRecord() error {
 	if db.logged == 0 {
 		return nil
 	}
+	start := time.Now()
+	defer func() { db.syncNanos.Add(int64(time.Since(start))) }()
 	if err := db.log_.Append(db.seq+1, db.rec); err != nil {
 		return err
 	}
@@ -515,6 +520,11 @@ func (db *DB) checkpoint() error {
 	if failed != nil || db.sinceCkpt == 0 {
 		return nil
 	}
+	start := time.Now()
+	defer func() {
+		db.checkpoints.Add(1)
+		db.ckptNanos.Add(int64(time.Since(start)))
+	}()
 	if err := db.store.Checkpoint(db.seq); err != nil {
 		return fmt.Errorf("fencekv: checkpoint: %w", err)
 	}

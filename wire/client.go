@@ -807,6 +807,16 @@ func (c *Client) Status(ctx context.Context) (fencekv.Status, error) {
 				st.Commands, err = dec.DecodeUint64()
 			case "data_size":
 				st.DataSize, err = dec.DecodeInt64()
+			case "sync_us":
+				var us int64
+				us, err = dec.DecodeInt64()
+				st.SyncTime = time.Duration(us) * time.Microsecond
+			case "checkpoints":
+				st.Checkpoints, err = dec.DecodeUint64()
+			case "checkpoint_us":
+				var us int64
+				us, err = dec.DecodeInt64()
+				st.CheckpointTime = time.Duration(us) * time.Microsecond
 			default:
 				err = dec.Skip()
 			}

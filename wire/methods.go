@@ -270,7 +270,7 @@ func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 	if err != nil {
 		return err
 	}
-	e.EncodeMapLen(9)
+	e.EncodeMapLen(12)
 	e.str("version", st.Version)
 	e.uint("last_token", uint64(st.LastToken))
 	e.uint("revision", uint64(st.Revision))
@@ -280,5 +280,8 @@ func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 	e.uint("commits", st.Commits)
 	e.uint("commands", st.Commands)
 	e.int("data_size", st.DataSize)
+	e.int("sync_us", st.SyncTime.Microseconds())
+	e.uint("checkpoints", st.Checkpoints)
+	e.int("checkpoint_us", st.CheckpointTime.Microseconds())
 	return nil
 }

@@ -132,15 +132,22 @@ func statusCommand() *cli.Command {
 				if err != nil {
 					return refused(c, err)
 				}
-				per := 0.0
+				per, sync, ckpt := 0.0, time.Duration(0), time.Duration(0)
 				if st.Commits > 0 {
 					per = float64(st.Commands) / float64(st.Commits)
+					sync = st.SyncTime / time.Duration(st.Commits)
 				}
-				human := fmt.Sprintf("version     %s\nlast token  %d\nrevision    %d\nkeys        %d\nlocks held  %d\nwaiters     %d\ncommits     %d (%.1f commands each)\ndata size   %d bytes",
-					st.Version, st.LastToken, st.Revision, st.Keys, st.Locks, st.Waiters, st.Commits, per, st.DataSize)
+				if st.Checkpoints > 0 {
+					ckpt = st.CheckpointTime / time.Duration(st.Checkpoints)
+				}
+				human := fmt.Sprintf("version     %s\nlast token  %d\nrevision    %d\nkeys        %d\nlocks held  %d\nwaiters     %d\n"+
+					"commits     %d (%.1f commands and %v of log sync each)\ncheckpoints %d (%v each)\ndata size   %d bytes",
+					st.Version, st.LastToken, st.Revision, st.Keys, st.Locks, st.Waiters,
+					st.Commits, per, sync.Round(time.Microsecond), st.Checkpoints, ckpt.Round(time.Microsecond), st.DataSize)
 				return show(c, human, map[string]any{
 					"version": st.Version, "last_token": st.LastToken, "revision": st.Revision, "keys": st.Keys,
 					"locks": st.Locks, "waiters": st.Waiters, "commits": st.Commits, "commands": st.Commands, "data_size": st.DataSize,
+					"sync_us": st.SyncTime.Microseconds(), "checkpoints": st.Checkpoints, "checkpoint_us": st.CheckpointTime.Microseconds(),
 				})
 			})
 		},
