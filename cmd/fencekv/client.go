@@ -103,7 +103,7 @@ func pingCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "ping",
 		Usage:     "check that a server answers",
-		UsageText: "fencekv ping [--addr ADDR]",
+		UsageText: "fencekv ping [--addr ADDR]\n\nExample:\n  fencekv ping --addr 10.0.0.5:7420 || echo 'no fencekv there'",
 		Flags:     clientFlags(),
 		Action: func(c *cli.Context) error {
 			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
@@ -124,7 +124,7 @@ func statusCommand() *cli.Command {
 	return &cli.Command{
 		Name:      "status",
 		Usage:     "show the server's counters",
-		UsageText: "fencekv status [--json]",
+		UsageText: "fencekv status [--json]\n\nShows the last token issued, the revision, keys, held locks, queued waiters, and how\nmany commands share each durable commit (and what its log sync costs).\n\nExample:\n  fencekv status --json | jq .last_token",
 		Flags:     clientFlags(),
 		Action: func(c *cli.Context) error {
 			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {

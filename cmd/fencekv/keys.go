@@ -50,7 +50,7 @@ func getCommand() *cli.Command {
 		Name:      "get",
 		Usage:     "print a key's value",
 		ArgsUsage: "KEY",
-		UsageText: "fencekv get KEY [--json]\n\nPrints the value followed by a newline. A missing key prints nothing and exits 6;\n--json shows found, fence and revision as well (a deleted key still has its fence).",
+		UsageText: "fencekv get KEY [--json]\n\nPrints the value followed by a newline. A missing key prints nothing and exits 6;\n--json shows found, fence and revision as well (a deleted key still has its fence).\n\nExamples:\n  fencekv get config/mode\n  fencekv get inventory/sku-1 --json     # value, fence and revision",
 		Flags:     clientFlags(),
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 1, 1); err != nil {
@@ -119,7 +119,7 @@ func delCommand() *cli.Command {
 		Aliases:   []string{"delete"},
 		Usage:     "delete a key (its fence stays)",
 		ArgsUsage: "KEY",
-		UsageText: "fencekv del KEY [--token N] [--strict] [--lock NAME]",
+		UsageText: "fencekv del KEY [--token N] [--strict] [--lock NAME]\n\nThe key's fence survives the delete: later writes with older tokens are still refused.\n\nExample:\n  fencekv del inventory/sku-1 --token \"$token\"",
 		Flags:     flags(clientFlags(), writeFlags()),
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 1, 1); err != nil {
@@ -212,7 +212,7 @@ func scanCommand() *cli.Command {
 		Name:      "scan",
 		Usage:     "list keys by prefix, in byte order",
 		ArgsUsage: "[PREFIX]",
-		UsageText: "fencekv scan [PREFIX] [--start KEY] [--limit N] [--json]",
+		UsageText: "fencekv scan [PREFIX] [--start KEY] [--limit N] [--json]\n\nLists live keys in byte order with their values, fences and revisions.\n\nExamples:\n  fencekv scan inventory/\n  fencekv scan inventory/ --start inventory/sku-5 --limit 10 --json",
 		Flags: flags(clientFlags(), []cli.Flag{
 			&cli.StringFlag{Name: "start", Usage: "first `KEY` to list (inclusive)"},
 			&cli.IntFlag{Name: "limit", Value: 100, Usage: "most keys to list"},

@@ -110,7 +110,7 @@ func lockRenewCommand() *cli.Command {
 		Name:      "renew",
 		Usage:     "give a lease its full TTL again",
 		ArgsUsage: "NAME [TOKEN]",
-		UsageText: "fencekv lock renew NAME --token N",
+		UsageText: "fencekv lock renew NAME --token N\n\nGives the lease its full TTL again, from now. Safe to retry. Exit status 3 if the lease\nran out (lease_expired) or another token holds the lock (not_holder).\n\nExample:\n  fencekv lock renew inventory --token \"$token\"",
 		Flags:     flags(clientFlags(), []cli.Flag{tokenFlag()}),
 		Action: withLease(func(ctx context.Context, c *cli.Context, cl *wire.Client, name string, token fencekv.Token) error {
 			ttl, err := cl.Renew(ctx, name, token)
@@ -127,7 +127,7 @@ func lockReleaseCommand() *cli.Command {
 		Name:      "release",
 		Usage:     "release a lock held by a token",
 		ArgsUsage: "NAME [TOKEN]",
-		UsageText: "fencekv lock release NAME --token N\n\nExit status 3 if the token does not hold the lock (any more).",
+		UsageText: "fencekv lock release NAME --token N\n\nExit status 3 if the token does not hold the lock (any more). The next queued\nacquire, if any, gets the lock at once.\n\nExample:\n  fencekv lock release inventory --token \"$token\"",
 		Flags:     flags(clientFlags(), []cli.Flag{tokenFlag()}),
 		Action: withLease(func(ctx context.Context, c *cli.Context, cl *wire.Client, name string, token fencekv.Token) error {
 			if err := cl.Release(ctx, name, token); err != nil {
@@ -169,7 +169,7 @@ func lockInfoCommand() *cli.Command {
 		Name:      "info",
 		Usage:     "show who holds a lock",
 		ArgsUsage: "NAME",
-		UsageText: "fencekv lock info NAME [--json]",
+		UsageText: "fencekv lock info NAME [--json]\n\nShows whether the lock is held, by which token and holder, for how long more, how\nmany are queued, and any lock-delay left.\n\nExample:\n  fencekv lock info inventory",
 		Flags:     clientFlags(),
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 1, 1); err != nil {
@@ -192,7 +192,7 @@ func lockListCommand() *cli.Command {
 		Aliases:   []string{"ls"},
 		Usage:     "list held locks by prefix",
 		ArgsUsage: "[PREFIX]",
-		UsageText: "fencekv lock list [PREFIX] [--limit N] [--json]",
+		UsageText: "fencekv lock list [PREFIX] [--limit N] [--json]\n\nExample:\n  fencekv lock list jobs/",
 		Flags: flags(clientFlags(), []cli.Flag{
 			&cli.IntFlag{Name: "limit", Value: 100, Usage: "most locks to list"},
 		}),
