@@ -255,7 +255,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, wait time.Duratio
 		}
 		// The lease in the way may have run out without the expiry loop
 		// having handed the lock on yet: one last try without waiting. It
-		// still goes behind anyone queued (the commit loop expires and
+		// still goes behind anyone queued (the batch leader expires and
 		// hands off to them first).
 		r := db.exec(ctx, Command{Op: OpAcquire, Lease: w.Req})
 		if r.Err == nil {

@@ -35,7 +35,7 @@ func (o Op) String() string {
 }
 
 // Command is one state change. Now is set by whoever proposes it (the
-// commit loop, or a cluster leader) from its monotonic clock, so that
+// batch leader, or a cluster leader) from its monotonic clock, so that
 // applying the same commands in the same order gives the same state on
 // every node.
 type Command struct {
@@ -66,7 +66,7 @@ type Result struct {
 // manager's index. It is deterministic in (state, c). A refused command
 // changes nothing: every check comes before the first write.
 //
-// Called only from the commit loop (or a replicated log's apply).
+// Called only by the batch leader (or a replicated log's apply).
 func apply(tx *kv.Tx, leases *lease.Manager, c *Command) (r Result) {
 	switch c.Op {
 	case OpPut, OpDelete, OpCAS, OpIncr:

@@ -85,7 +85,7 @@ type Options struct {
 // transactions consult before the file, so reads see every durable write.
 type Store struct {
 	db *bolt.DB
-	w  *Tx // the open writer; only the engine's commit loop touches it
+	w  *Tx // the open writer; only the engine's batch leader touches it
 	ov overlay
 }
 

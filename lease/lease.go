@@ -8,7 +8,7 @@
 // the same times leave the same records, so a replicated log can apply them.
 //
 // Threading: the Apply-side methods (Acquire, Renew, Release, Check, Expire,
-// Rearm, Pop) are called from one goroutine, the engine's commit loop. Next,
+// Rearm, Pop) are called by one goroutine at a time, the engine's batch leader. Next,
 // Due, Waiting, Enqueue, Cancel, Held and Wake may be called from any
 // goroutine.
 package lease
@@ -354,7 +354,7 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 }
 
 // Info describes the lock name at now. It reads only, so it may run in a
-// read-only transaction concurrently with the commit loop.
+// read-only transaction concurrently with the batch leader.
 func (m *Manager) Info(st Store, now time.Duration, name string) (Info, error) {
 	r, ok, err := load(st, name)
 	if err != nil {
@@ -428,7 +428,7 @@ func NewWaiter(req Request) *Waiter {
 // Done is closed when the waiter's outcome is set.
 func (w *Waiter) Done() <-chan struct{} { return w.done }
 
-// Finish sets the outcome and closes Done. Called once, by the commit loop.
+// Finish sets the outcome and closes Done. Called once, by the batch leader.
 func (w *Waiter) Finish(g Grant, err error) {
 	w.Grant, w.Err = g, err
 	close(w.done)

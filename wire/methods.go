@@ -12,7 +12,7 @@ import (
 type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
 
 // readOnly are the methods the read loop serves itself: they never wait for
-// the commit loop or a lock.
+// a commit or a lock.
 var readOnly = map[string]bool{"ping": true, "get": true, "lock_info": true, "status": true}
 
 // methods is the protocol: one entry per method of PROTOCOL.md.
