@@ -206,7 +206,7 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 	r := newRequest(Command{Op: OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
 	r.wait = ao.Wait
 	defer r.free()
-	if err := db.submit(ctx, r); err != nil {
+	if err := db.submitAll(r); err != nil {
 		return Lease{}, err
 	}
 	if r.waiter == nil {

@@ -36,16 +36,16 @@ const (
 
 // Sentinels for errors.Is; each matches every refusal with its code.
 var (
-	ErrStaleToken    = kv.ErrStaleToken                // is returned when a write's token is below the key's fence
-	ErrNotHolder     = kv.ErrNotHolder                 // is returned when the named lock is not held by the token
-	ErrLeaseExpired  = kv.ErrLeaseExpired              // is returned when the token's lease has run out
-	ErrLockHeld      = kv.ErrLockHeld                  // is returned when an acquire cannot be granted now
-	ErrCompareFailed = kv.ErrCompareFailed             // is returned when a cas finds another revision
-	ErrNotInteger    = kv.ErrNotInteger                // is returned when incr finds a non-integer or overflows
-	ErrTooLarge      = kv.ErrTooLarge                  // is returned when a key or value is over its limit
-	ErrBadRequest    = kv.ErrBadRequest                // is returned when arguments are missing or out of range
-	ErrUnavailable   = kv.ErrUnavailable               // is returned when the DB is closed or failed
-	ErrLimitExceeded = &Error{Code: CodeLimitExceeded} // is returned when a limit such as MaxWaiters is reached
+	ErrStaleToken    = kv.ErrStaleToken    // is returned when a write's token is below the key's fence
+	ErrNotHolder     = kv.ErrNotHolder     // is returned when the named lock is not held by the token
+	ErrLeaseExpired  = kv.ErrLeaseExpired  // is returned when the token's lease has run out
+	ErrLockHeld      = kv.ErrLockHeld      // is returned when an acquire cannot be granted now
+	ErrCompareFailed = kv.ErrCompareFailed // is returned when a cas finds another revision
+	ErrNotInteger    = kv.ErrNotInteger    // is returned when incr finds a non-integer or overflows
+	ErrTooLarge      = kv.ErrTooLarge      // is returned when a key or value is over its limit
+	ErrBadRequest    = kv.ErrBadRequest    // is returned when arguments are missing or out of range
+	ErrUnavailable   = kv.ErrUnavailable   // is returned when the DB is closed or failed
+	ErrLimitExceeded = kv.ErrLimitExceeded // is returned when a limit such as MaxWaiters is reached
 )
 
 // ErrLocked is returned by Open when another process has the data dir open.

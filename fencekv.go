@@ -301,12 +301,6 @@ func (r *request) free() {
 // the load, with no timer: while one batch syncs, the next gathers. A lone
 // caller commits its own command, with no goroutine switch.
 
-// submit applies r and waits for its result. ctx is not consulted: once
-// submitted, a command is applied and answered.
-func (db *DB) submit(_ context.Context, r *request) error {
-	return db.submitAll(r)
-}
-
 // submitAll queues the requests together and waits for all of them.
 func (db *DB) submitAll(rs ...*request) error {
 	db.qmu.Lock()
@@ -368,11 +362,12 @@ func (db *DB) lead() {
 	next.done <- struct{}{}
 }
 
-// exec runs one command.
-func (db *DB) exec(ctx context.Context, c Command) Result {
+// exec runs one command. ctx is not consulted: once submitted, a command
+// is applied and answered (a commit takes well under a second).
+func (db *DB) exec(_ context.Context, c Command) Result {
 	r := newRequest(c)
 	defer r.free()
-	if err := db.submit(ctx, r); err != nil {
+	if err := db.submitAll(r); err != nil {
 		return Result{Err: err}
 	}
 	return r.res

@@ -86,6 +86,8 @@ var (
 	ErrBadRequest = &Error{Code: CodeBadRequest}
 	// ErrUnavailable is returned when the store cannot serve the request now.
 	ErrUnavailable = &Error{Code: CodeUnavailable}
+	// ErrLimitExceeded is returned when a server-side limit is reached.
+	ErrLimitExceeded = &Error{Code: CodeLimitExceeded}
 )
 
 // Errorf returns an *Error with the code and a formatted message.

@@ -170,9 +170,6 @@ func (s *Store) Close() error {
 	return err
 }
 
-// Path is the data file's path.
-func (s *Store) Path() string { return s.db.Path() }
-
 // Begin starts a transaction. Only one writable transaction exists at a
 // time (and none while a Writer is open); read-only ones run concurrently
 // with it and see the last commit plus what was last published. A
@@ -349,10 +346,6 @@ type Tx struct {
 	ov                    *overlay            // read-only: consulted before the file (its lock is held)
 	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
 }
-
-// ID is the bbolt transaction id: a read-only Tx started after a writable
-// one committed has an ID at least that writable Tx's.
-func (t *Tx) ID() int { return t.tx.ID() }
 
 // Commit writes the counters back and commits durably (unless the store
 // was opened with NoSync).
