@@ -454,7 +454,10 @@ func (c *conn) write(e *encoder, slot bool) {
 	}
 	last := c.writers.Add(-1) == 0
 	if !c.broken {
-		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		if last || c.bw.Available() < e.buf.Len() {
+			// Only a flush reaches the socket: arm the deadline for it.
+			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		}
 		_, err := c.bw.Write(e.buf.Bytes())
 		if err == nil && last {
 			err = c.bw.Flush()
