@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,6 +24,13 @@ var ErrClientClosed = errors.New("wire: client connection closed")
 // safe for concurrent use: calls from many goroutines are pipelined on the
 // connection and matched to their responses by msgid.
 //
+// There is no reader goroutine. A caller waiting for its response reads
+// the connection itself, unless another caller already is: that one, the
+// reader, completes every response it reads (decoding each into its
+// caller's variables) until its own arrives, then hands the reading on to
+// a caller still waiting. A lone caller so wakes straight from the socket,
+// with no goroutine switch between it and its answer.
+//
 // Refusals come back as *fencekv.Error with the server's code and facts, so
 // errors.Is(err, fencekv.ErrStaleToken) works as with an embedded DB.
 type Client struct {
@@ -35,20 +43,34 @@ type Client struct {
 	enc     *msgpack.Encoder
 	next    uint32
 
-	mu      sync.Mutex // guards pending, err
+	mu      sync.Mutex // guards pending, err, reading, reader
 	pending map[uint32]*call
 	err     error // set once the connection is broken or closed
+	reading bool  // a caller holds the read side (or has been handed it)
+	reader  *call // the call the read side was handed to, until it takes it
 
-	done chan struct{} // closed when the read loop ends
+	// The read side, used by the caller that holds it.
+	br  *bufio.Reader
+	dec *msgpack.Decoder
+
+	// dlmu orders a context's end against the reader's wait for the next
+	// response: a read deadline is set only while the reader waits between
+	// responses, never in the middle of one.
+	dlmu     sync.Mutex
+	idleWait bool // the reader is waiting for the first byte of a response
+	dlSet    bool // a read deadline was set to interrupt that wait
 }
 
-// call is a request waiting for its response. The read loop decodes the
+// call is a request waiting for its response. The reader decodes the
 // result straight from the stream with decode (into the caller's
 // variables), then sends the outcome on done.
 type call struct {
 	decode func(*msgpack.Decoder) error // nil: skip the result
 	done   chan error                   // buffered; closed if the connection breaks first
 }
+
+// errTakeRead, sent on a waiting call's done, hands it the read side.
+var errTakeRead = errors.New("wire: take over reading")
 
 // Dial connects to a fencekv server at addr (host:port).
 func Dial(ctx context.Context, addr string) (*Client, error) {
@@ -64,11 +86,11 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 		nc:      nc,
 		addr:    addr,
 		bw:      bufio.NewWriter(nc),
+		br:      bufio.NewReaderSize(nc, 64<<10),
 		pending: make(map[uint32]*call),
-		done:    make(chan struct{}),
 	}
 	c.enc = msgpack.NewEncoder(c.bw)
-	go c.readLoop()
+	c.dec = msgpack.NewDecoder(c.br)
 	return c, nil
 }
 
@@ -80,7 +102,6 @@ func (c *Client) Addr() string { return c.addr }
 func (c *Client) Close() error {
 	c.fail(ErrClientClosed)
 	err := c.nc.Close()
-	<-c.done
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
@@ -101,55 +122,165 @@ func (c *Client) fail(err error) {
 	}
 }
 
-func (c *Client) readLoop() {
-	defer close(c.done)
-	dec := msgpack.NewDecoder(bufio.NewReaderSize(c.nc, 64<<10))
-	for {
-		if err := c.readResponse(dec); err != nil {
-			// %w twice: a refusal the server sent before closing (such as
-			// limit_exceeded for too many connections) stays visible to
-			// errors.Is alongside ErrClientClosed.
-			c.fail(fmt.Errorf("%w: %w", ErrClientClosed, err))
+// broken returns the error the client failed with.
+func (c *Client) broken() error {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.err
+}
+
+// passRead hands the read side to a call still waiting other than except,
+// or gives it up if none is. Called with mu held, by the goroutine that
+// holds the read side.
+func (c *Client) passRead(except *call) {
+	c.reader = nil
+	for _, q := range c.pending {
+		if q != except {
+			// q's done is empty: only the holder of the read side (the
+			// caller) sends outcomes, and q's has not come.
+			c.reader = q
+			q.done <- errTakeRead
 			return
 		}
 	}
+	c.reading = false
 }
 
-// readResponse reads the next response and completes its call. It skips
-// notifications, but for the server's "error" notification, sent before it
-// closes a connection it refuses, which it returns as an error. An error
+// errInterrupted is returned by readResponse when ctx ended while it
+// waited for a response to begin; the stream is intact.
+var errInterrupted = errors.New("wire: wait interrupted")
+
+// readFor holds the read side for call p: it reads responses, completing
+// the calls they answer, until p's arrives, then hands the read side on and
+// returns p's outcome. If ctx ends while it waits between responses, it
+// hands the read side on and returns ctx's error, forgetting p unless keep.
+func (c *Client) readFor(ctx context.Context, id uint32, p *call, keep bool) error {
+	var stop func() bool
+	if ctx.Done() != nil {
+		stop = context.AfterFunc(ctx, c.interrupt)
+	}
+	var err error
+	for {
+		var q *call
+		if q, err = c.readResponse(ctx); err != nil || q == p {
+			break
+		}
+	}
+	if stop != nil {
+		stop()
+	}
+	switch {
+	case err == errInterrupted:
+		c.mu.Lock()
+		if !keep {
+			delete(c.pending, id)
+		}
+		c.passRead(p)
+		c.mu.Unlock()
+		return ctx.Err()
+	case err != nil:
+		// %w twice: a refusal the server sent before closing (such as
+		// limit_exceeded for too many connections) stays visible to
+		// errors.Is alongside ErrClientClosed.
+		c.fail(fmt.Errorf("%w: %w", ErrClientClosed, err))
+		return c.broken()
+	}
+	c.mu.Lock()
+	c.passRead(nil)
+	c.mu.Unlock()
+	out, ok := <-p.done
+	if !ok {
+		return c.broken()
+	}
+	return out
+}
+
+// interrupt cuts short the reader's wait for the next response, if it is
+// waiting; called when the reader's context ends.
+func (c *Client) interrupt() {
+	c.dlmu.Lock()
+	defer c.dlmu.Unlock()
+	if c.idleWait && !c.dlSet {
+		c.nc.SetReadDeadline(time.Unix(1, 0))
+		c.dlSet = true
+	}
+}
+
+// awaitResponse waits until the first byte of a response has arrived, or
+// ctx ends (errInterrupted), or the connection fails.
+func (c *Client) awaitResponse(ctx context.Context) error {
+	for c.br.Buffered() == 0 {
+		c.dlmu.Lock()
+		if ctx.Err() != nil {
+			c.dlmu.Unlock()
+			return errInterrupted
+		}
+		c.idleWait = true
+		c.dlmu.Unlock()
+		_, err := c.br.Peek(1)
+		c.dlmu.Lock()
+		c.idleWait = false
+		cut := c.dlSet
+		if cut {
+			c.nc.SetReadDeadline(time.Time{})
+			c.dlSet = false
+		}
+		c.dlmu.Unlock()
+		if err == nil {
+			return nil
+		}
+		if !cut || !errors.Is(err, os.ErrDeadlineExceeded) {
+			return err
+		}
+		// Interrupted: by ctx's end, or late, by an earlier reader's
+		// (then wait on).
+		if ctx.Err() != nil {
+			return errInterrupted
+		}
+	}
+	return nil
+}
+
+// readResponse reads the next response and completes its call, which it
+// returns (nil if the call was forgotten). It skips notifications, but for
+// the server's "error" notification, sent before it closes a connection it
+// refuses, which it returns as an error. An error other than errInterrupted
 // means the stream cannot be read further.
-func (c *Client) readResponse(dec *msgpack.Decoder) error {
+func (c *Client) readResponse(ctx context.Context) (*call, error) {
+	if err := c.awaitResponse(ctx); err != nil {
+		return nil, err
+	}
+	dec := c.dec
 	n, err := dec.DecodeArrayLen()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	typ, err := dec.DecodeInt()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	if typ == typeNotification && n == 3 {
 		var method string
 		var params []map[string]any
 		if err := dec.Decode(&method); err != nil {
-			return err
+			return nil, err
 		}
 		if err := dec.Decode(&params); err != nil {
-			return err
+			return nil, err
 		}
 		if method == "error" && len(params) == 1 {
 			code, _ := params[0]["code"].(string)
 			msg, _ := params[0]["message"].(string)
-			return &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
+			return nil, &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
 		}
-		return nil
+		return nil, nil
 	}
 	if typ != typeResponse || n != 4 {
-		return fmt.Errorf("unexpected message type %d", typ)
+		return nil, fmt.Errorf("unexpected message type %d", typ)
 	}
 	id, err := dec.DecodeUint32()
 	if err != nil {
-		return err
+		return nil, err
 	}
 	c.mu.Lock()
 	p := c.pending[id]
@@ -157,7 +288,7 @@ func (c *Client) readResponse(dec *msgpack.Decoder) error {
 	c.mu.Unlock()
 	refusal, err := decodeError(dec)
 	if err != nil {
-		return err
+		return nil, err
 	}
 	var outcome error
 	switch {
@@ -177,7 +308,7 @@ func (c *Client) readResponse(dec *msgpack.Decoder) error {
 	if p != nil {
 		p.done <- outcome
 	}
-	return err
+	return p, err
 }
 
 // decodeError reads a response's error slot: nil, or a refusal map (or,
@@ -326,29 +457,56 @@ func (c *Client) start(method string, write func(params) error, p *call) (uint32
 	return id, nil
 }
 
-// wait waits for p's outcome, or ctx. On ctx's end the call is forgotten:
-// its response, when it comes, is skipped.
-func (c *Client) wait(ctx context.Context, id uint32, p *call) error {
-	select {
-	case err, ok := <-p.done:
-		if !ok {
-			c.mu.Lock()
-			defer c.mu.Unlock()
-			return c.err
-		}
-		return err
-	case <-ctx.Done():
-		c.mu.Lock()
-		_, waiting := c.pending[id]
-		delete(c.pending, id)
+// wait waits for p's outcome, reading the connection itself when no other
+// caller is (see Client). If ctx ends first, wait returns ctx's error and
+// forgets the call (its response, when it comes, is skipped), or, with
+// keep, leaves it registered so that the caller can wait for it again. A
+// response already being read as ctx ends is waited for: without keep, it
+// is dropped, and with keep, its outcome is returned.
+func (c *Client) wait(ctx context.Context, id uint32, p *call, keep bool) error {
+	c.mu.Lock()
+	// A call no longer registered has its response read already (the
+	// outcome is in done, or about to be): only wait for it.
+	if _, waiting := c.pending[id]; waiting && !c.reading && c.err == nil {
+		c.reading = true
 		c.mu.Unlock()
-		if !waiting {
-			// The read loop has taken the call and is decoding into the
-			// caller's variables: let it finish before they are read.
-			<-p.done
-		}
-		return ctx.Err()
+		return c.readFor(ctx, id, p, keep)
 	}
+	c.mu.Unlock()
+	select {
+	case out, ok := <-p.done:
+		if !ok {
+			return c.broken()
+		}
+		if out != errTakeRead {
+			return out
+		}
+		c.mu.Lock()
+		c.reader = nil
+		c.mu.Unlock()
+		return c.readFor(ctx, id, p, keep)
+	case <-ctx.Done():
+	}
+	c.mu.Lock()
+	_, waiting := c.pending[id]
+	if waiting && !keep {
+		delete(c.pending, id)
+	}
+	if c.reader == p {
+		// The read side was handed to p as ctx ended, and its note is
+		// in p.done: take it, and hand the read side on.
+		<-p.done
+		c.passRead(p)
+	}
+	c.mu.Unlock()
+	if !waiting {
+		// The reader has taken the call and is decoding into the
+		// caller's variables: let it finish before they are read.
+		if out, ok := <-p.done; ok && keep {
+			return out
+		}
+	}
+	return ctx.Err()
 }
 
 // do runs one call: write sends the params, decode reads the result.
@@ -358,7 +516,7 @@ func (c *Client) do(ctx context.Context, method string, write func(params) error
 	if err != nil {
 		return err
 	}
-	return c.wait(ctx, id, p)
+	return c.wait(ctx, id, p, false)
 }
 
 // Call sends a request with the named params and decodes its result into
@@ -624,7 +782,7 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 			return err
 		})
 	}}
-	_, err := c.start("acquire", func(p params) error {
+	write := func(p params) error {
 		n := 2
 		for _, set := range []bool{ao.Holder != "", ao.Wait > 0, ao.LockDelay > 0} {
 			if set {
@@ -644,33 +802,28 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 			p.int("lock_delay_ms", ao.LockDelay.Milliseconds())
 		}
 		return nil
-	}, p)
+	}
+	id, err := c.start("acquire", write, p)
 	if err != nil {
 		return fencekv.Lease{}, err
 	}
-	select {
-	case err, ok := <-p.done:
-		if !ok {
-			c.mu.Lock()
-			err = c.err
-			c.mu.Unlock()
-		}
-		if err != nil {
-			return fencekv.Lease{}, err
-		}
-		return fencekv.Lease{Name: name, Token: fencekv.Token(token), TTL: time.Duration(ttlMs) * time.Millisecond}, nil
-	case <-ctx.Done():
+	err = c.wait(ctx, id, p, true)
+	if err != nil && ctx.Err() != nil && err == ctx.Err() {
 		go func() {
 			// The response still comes (the call stays registered); if
 			// it is a grant, nobody will use it: release it.
-			if err, ok := <-p.done; ok && err == nil && token != 0 {
+			if c.wait(context.Background(), id, p, false) == nil && token != 0 {
 				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				c.Release(rctx, name, fencekv.Token(token))
 			}
 		}()
-		return fencekv.Lease{}, ctx.Err()
+		return fencekv.Lease{}, err
 	}
+	if err != nil {
+		return fencekv.Lease{}, err
+	}
+	return fencekv.Lease{Name: name, Token: fencekv.Token(token), TTL: time.Duration(ttlMs) * time.Millisecond}, nil
 }
 
 // lockParams writes {lock, token}.

@@ -1,0 +1,180 @@
+package wire_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+)
+
+// The client has no reader goroutine: a waiting caller reads the
+// connection itself and hands the reading on (see wire.Client). These
+// tests aim at the hand-over: callers whose contexts end while they read
+// or while the reading is being handed to them.
+
+// TestClientCancelStorm shares one client between goroutines whose calls
+// often end by context mid-flight, the reader's among them. Every call that
+// succeeds must have got its own answer, and the client must stay usable.
+func TestClientCancelStorm(t *testing.T) {
+	ts := startServer(t, nil)
+	c := dial(t, ts.Addr)
+	const workers, each = 12, 150
+	var wg sync.WaitGroup
+	var cancelled sync.Map
+	for w := range workers {
+		wg.Go(func() {
+			rng := rand.New(rand.NewPCG(uint64(w), 1))
+			key := b(fmt.Sprintf("storm/%d", w))
+			ctr := b(fmt.Sprintf("storm/ctr/%d", w))
+			lastCount := -1 // the last counter value an incr returned: the next is higher
+			n := 0
+			for i := range each {
+				ctx, cancel := context.WithTimeout(context.Background(), time.Duration(rng.IntN(400))*time.Microsecond)
+				if rng.IntN(3) == 0 {
+					ctx, cancel = context.WithCancel(context.Background())
+				}
+				_, err := c.Put(ctx, key, b(fmt.Sprintf("%d:%d", w, i)), fencekv.WriteOptions{})
+				switch {
+				case err == nil:
+				case errors.Is(err, context.DeadlineExceeded):
+					n++
+				default:
+					t.Errorf("worker %d put: %v", w, err)
+				}
+				// A put cut short here may still be applied, even after
+				// a later one (pipelined writes are not ordered), so the
+				// value read is any this worker wrote, never another's.
+				if e, err := c.Get(ctx, key); err == nil && e.Found {
+					who, v, _ := strings.Cut(string(e.Value), ":")
+					got, _ := strconv.Atoi(v)
+					if who != strconv.Itoa(w) || got > i {
+						t.Errorf("worker %d (wrote up to %d) read %q: another call's answer", w, i, e.Value)
+					}
+				}
+				if v, _, err := c.Incr(ctx, ctr, 1, fencekv.WriteOptions{}); err == nil {
+					if int(v) <= lastCount {
+						t.Errorf("worker %d: incr returned %d after %d", w, v, lastCount)
+					}
+					lastCount = int(v)
+				}
+				cancel()
+			}
+			cancelled.Store(w, n)
+		})
+	}
+	wg.Wait()
+	total := 0
+	cancelled.Range(func(_, v any) bool { total += v.(int); return true })
+	if total == 0 {
+		t.Logf("no put was cut short by its context; the storm tested little")
+	}
+	// Still usable, by every caller pattern.
+	ctx := context.Background()
+	if _, err := c.Ping(ctx); err != nil {
+		t.Fatalf("ping after the storm: %v", err)
+	}
+	for w := range workers {
+		if _, err := c.Put(ctx, b(fmt.Sprintf("storm/%d", w)), b("end"), fencekv.WriteOptions{}); err != nil {
+			t.Fatalf("put after the storm: %v", err)
+		}
+	}
+}
+
+// TestClientReaderInterrupted: a lone caller reading its own queued
+// acquire returns at its context's end, the connection stays in step, and
+// the grant that comes later is released by the client.
+func TestClientReaderInterrupted(t *testing.T) {
+	ts := startServer(t, nil)
+	ctx := context.Background()
+	holder := dial(t, ts.Addr)
+	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
+	ok(t, err)
+
+	c := dial(t, ts.Addr)
+	// Cancelled, not a deadline: Acquire would shorten the server-side
+	// wait to a deadline, and the server would answer in time.
+	actx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	time.AfterFunc(100*time.Millisecond, cancel)
+	start := time.Now()
+	_, err = c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
+	}
+	if d := time.Since(start); d > 5*time.Second {
+		t.Fatalf("acquire returned %v after its context ended", d)
+	}
+	// The stream is intact: calls on the same client are answered, and
+	// with their own answers.
+	for i := range 10 {
+		if _, err := c.Put(ctx, b("k"), b(fmt.Sprint(i)), fencekv.WriteOptions{}); err != nil {
+			t.Fatalf("put after the interrupted read: %v", err)
+		}
+		e, err := c.Get(ctx, b("k"))
+		if err != nil || string(e.Value) != fmt.Sprint(i) {
+			t.Fatalf("get = %q, %v; want %d", e.Value, err, i)
+		}
+	}
+	// The abandoned acquire is still queued on the server (the wait
+	// there is a minute); when it is granted, the client releases it.
+	if n := waiters(t, ts.DB, "L"); n != 1 {
+		t.Fatalf("%d waiters; want the abandoned acquire", n)
+	}
+	ok(t, holder.Release(ctx, "L", l.Token))
+	eventually(t, 10*time.Second, "the late grant to be released", func() bool {
+		in, err := ts.DB.LockInfo(ctx, "L")
+		return err == nil && !in.Held && in.Waiters == 0
+	})
+	if st, err := ts.DB.Status(ctx); err != nil || st.LastToken <= l.Token {
+		t.Fatalf("status %+v, %v: want a grant after token %d", st, err, l.Token)
+	}
+}
+
+// TestClientHandOverUnderCancel has one caller read for a long time (a
+// queued acquire) while others come and go, some cut short: the reading
+// passes between them without losing an answer.
+func TestClientHandOverUnderCancel(t *testing.T) {
+	ts := startServer(t, nil)
+	ctx := context.Background()
+	holder := dial(t, ts.Addr)
+	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
+	ok(t, err)
+	c := dial(t, ts.Addr)
+	granted := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
+		granted <- err
+	}()
+	eventually(t, 10*time.Second, "the acquire to queue", func() bool { return waiters(t, ts.DB, "L") == 1 })
+	var wg sync.WaitGroup
+	for w := range 8 {
+		wg.Go(func() {
+			for i := range 100 {
+				cctx, cancel := context.WithTimeout(ctx, time.Duration(i%5)*50*time.Microsecond)
+				if i%2 == 0 {
+					cctx, cancel = context.WithCancel(ctx)
+				}
+				v, err := c.Ping(cctx)
+				cancel()
+				if err == nil && v != fencekv.Version {
+					t.Errorf("worker %d: ping answered %q", w, v)
+				}
+			}
+		})
+	}
+	wg.Wait()
+	ok(t, holder.Release(ctx, "L", l.Token))
+	select {
+	case err := <-granted:
+		ok(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued acquire was granted on the server but its caller never heard")
+	}
+}
