@@ -169,6 +169,10 @@ type DB struct {
 	sinceCkpt int       // log records since the last checkpoint
 	lastCkpt  time.Time // when the last checkpoint ended, by the real clock (an I/O policy, not lease time)
 
+	// beforeSync, if set (by tests), runs between appending a batch's log
+	// record and syncing it; an error fails the sync.
+	beforeSync func() error
+
 	mu     sync.Mutex // guards failed
 	failed error      // set when the log or a checkpoint failed; writes are refused after
 
@@ -492,6 +496,11 @@ func (db *DB) writeRecord() error {
 	defer func() { db.syncNanos.Add(int64(time.Since(start))) }()
 	if err := db.log_.Append(db.seq+1, db.rec); err != nil {
 		return err
+	}
+	if db.beforeSync != nil {
+		if err := db.beforeSync(); err != nil {
+			return err
+		}
 	}
 	if !db.opts.NoSync {
 		if err := db.log_.Sync(); err != nil {

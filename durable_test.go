@@ -1,0 +1,157 @@
+package fencekv
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+)
+
+// G6 from the inside: a batch is visible to readers, and answered, only
+// once its log record is synced. The hook holds the leader between the
+// append and the sync; readers meanwhile must see the state before the
+// batch, and must not wait for it.
+
+func TestG6InvisibleUntilSynced(t *testing.T) {
+	db, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	key := []byte("k")
+	if _, err := db.Put(ctx, key, []byte("v1"), WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	before, err := db.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+
+	entered := make(chan struct{})
+	release := make(chan struct{})
+	unblock := sync.OnceFunc(func() { close(release) })
+	defer unblock() // before Close, which waits for the leader
+	db.beforeSync = func() error {
+		db.beforeSync = nil // only this batch (the leader owns the field)
+		close(entered)
+		<-release
+		return nil
+	}
+	type outcome struct {
+		put   WriteResult
+		grant Lease
+		err   error
+	}
+	done := make(chan outcome, 1)
+	go func() {
+		// One batch: a put and a grant, submitted together.
+		var o outcome
+		o.put, o.err = db.Put(ctx, key, []byte("v2"), WriteOptions{Token: 7})
+		done <- o
+	}()
+	select {
+	case <-entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("the batch never reached the log")
+	}
+
+	// The batch is applied and appended, not synced: readers see the
+	// state before it, without waiting for the writer.
+	reads := make(chan error, 1)
+	go func() { reads <- readsBefore(db, key, before.Revision) }()
+	select {
+	case err := <-reads:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("reads waited for an unsynced batch")
+	}
+	select {
+	case o := <-done:
+		t.Fatalf("put answered before its log record was synced: %+v", o)
+	default:
+	}
+
+	unblock()
+	o := <-done
+	if o.err != nil || o.put.Fence != 7 {
+		t.Fatalf("put = %+v; want accepted with fence 7", o)
+	}
+	if e, err := db.Get(ctx, key); err != nil || string(e.Value) != "v2" || e.Fence != 7 {
+		t.Fatalf("get after the sync = %q fence %d, %v; want v2, fence 7", e.Value, e.Fence, err)
+	}
+}
+
+// readsBefore checks that reads show key at v1 and the store at revision.
+func readsBefore(db *DB, key []byte, revision Revision) error {
+	ctx := context.Background()
+	e, err := db.Get(ctx, key)
+	if err != nil || string(e.Value) != "v1" || e.Fence != 0 {
+		return fmt.Errorf("get while the batch is unsynced = %q fence %d, %v; want v1, fence 0", e.Value, e.Fence, err)
+	}
+	items, _, err := db.Scan(ctx, ScanOptions{Prefix: key})
+	if err != nil || len(items) != 1 || !bytes.Equal(items[0].Value, []byte("v1")) {
+		return fmt.Errorf("scan while the batch is unsynced = %+v, %v", items, err)
+	}
+	st, err := db.Status(ctx)
+	if err != nil || st.Revision != revision {
+		return fmt.Errorf("revision %d while the batch is unsynced; want %d", st.Revision, revision)
+	}
+	return nil
+}
+
+// A failed sync answers the batch unavailable, shows readers nothing of
+// it, refuses later writes, and loses nothing acknowledged before it. The
+// failed batch itself has an unknown outcome, like a request that timed
+// out: its record may have reached the disk, so after a restart it is
+// either wholly there or wholly absent.
+func TestG6FailedSync(t *testing.T) {
+	dir := t.TempDir()
+	db, err := Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx := context.Background()
+	l, err := db.Acquire(ctx, "L", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := db.Put(ctx, []byte("k"), []byte("v1"), WriteOptions{Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	db.beforeSync = func() error { return errors.New("injected: disk gone") }
+	_, err = db.Put(ctx, []byte("k"), []byte("v2"), WriteOptions{Token: l.Token})
+	if !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("put whose sync failed = %v; want unavailable", err)
+	}
+	if e, err := db.Get(ctx, []byte("k")); err != nil || string(e.Value) != "v1" {
+		t.Fatalf("get after the failed sync = %q, %v; want v1", e.Value, err)
+	}
+	if _, err := db.Acquire(ctx, "M", time.Minute, nil); !errors.Is(err, ErrUnavailable) {
+		t.Fatalf("acquire after a failed sync = %v; want unavailable", err)
+	}
+	db.Close()
+
+	db, err = Open(dir, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	e, err := db.Get(ctx, []byte("k"))
+	if err != nil || (string(e.Value) != "v1" && string(e.Value) != "v2") || e.Fence != l.Token {
+		t.Fatalf("after restart: %q fence %d, %v; want v1 or v2, fenced at %d", e.Value, e.Fence, err, l.Token)
+	}
+	st, err := db.Status(ctx)
+	if want := map[string]Revision{"v1": 1, "v2": 2}[string(e.Value)]; err != nil || st.Revision != want {
+		t.Fatalf("after restart: revision %d with value %q; want %d (all of the batch or none)", st.Revision, e.Value, want)
+	}
+	in, err := db.LockInfo(ctx, "L")
+	if err != nil || !in.Held || in.Token != l.Token {
+		t.Fatalf("after restart the lock is %+v, %v; want held by %d", in, err, l.Token)
+	}
+}
