@@ -58,6 +58,7 @@ Example:
 			&cli.StringFlag{Name: "prefix", Value: d.Prefix, Usage: "`PREFIX` of every key and lock name used"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON (latencies in microseconds)"},
 			&cli.BoolFlag{Name: "quiet", Aliases: []string{"q"}, Usage: "no status line on stderr"},
+			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile of the load generator to `FILE` (for performance work on the client)"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -85,6 +86,11 @@ Example:
 			if err := cfg.Validate(); err != nil {
 				return usageError{err}
 			}
+			stopProfile, err := startCPUProfile(c.String("cpu-profile"))
+			if err != nil {
+				return err
+			}
+			defer stopProfile()
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
 			return runBench(ctx, c.String("addr"), cfg, c.Bool("json"), c.App.Writer)

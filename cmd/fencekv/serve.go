@@ -72,19 +72,11 @@ Example:
 			wc.MaxConns = c.Int("max-conns")
 			wc.MaxInFlight = c.Int("max-in-flight")
 
-			if f := c.String("cpu-profile"); f != "" {
-				out, err := os.Create(f)
-				if err != nil {
-					return err
-				}
-				if err := pprof.StartCPUProfile(out); err != nil {
-					return err
-				}
-				defer func() {
-					pprof.StopCPUProfile()
-					out.Close()
-				}()
+			stopProfile, err := startCPUProfile(c.String("cpu-profile"))
+			if err != nil {
+				return err
 			}
+			defer stopProfile()
 			ctx, stop := shutdownSignals(c.Context, log)
 			defer stop()
 			return serve(ctx, log, c.String("data"), c.String("listen"), o, wc, c.Duration("shutdown-timeout"), nil)
@@ -188,4 +180,24 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, ho)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
+}
+
+// startCPUProfile writes a CPU profile to path (if not empty) until the
+// returned function is called.
+func startCPUProfile(path string) (stop func(), err error) {
+	if path == "" {
+		return func() {}, nil
+	}
+	out, err := os.Create(path)
+	if err != nil {
+		return nil, err
+	}
+	if err := pprof.StartCPUProfile(out); err != nil {
+		out.Close()
+		return nil, err
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		out.Close()
+	}, nil
 }
