@@ -623,7 +623,7 @@ func (db *DB) drainWaiters() {
 func (db *DB) expiryLoop() {
 	defer db.wg.Done()
 	for {
-		at, ok := db.leases.Next()
+		at, ok := db.leases.Arm()
 		var timer Timer
 		var fire <-chan time.Time
 		if ok {

@@ -41,21 +41,16 @@ func (x *index) Pop() any {
 	return it
 }
 
-// set makes name due at at. It reports whether the earliest time moved
-// earlier (or the index was empty): only then must a sleeper waiting for
-// the earliest time wake up sooner.
-func (x *index) set(name string, at time.Duration) bool {
-	before, had := x.next()
+// set makes name due at at.
+func (x *index) set(name string, at time.Duration) {
 	if it, ok := x.byKey[name]; ok {
 		it.at = at
 		heap.Fix(x, it.pos)
-	} else {
-		it := &item{name: name, at: at}
-		x.byKey[name] = it
-		heap.Push(x, it)
+		return
 	}
-	after, _ := x.next()
-	return !had || after < before
+	it := &item{name: name, at: at}
+	x.byKey[name] = it
+	heap.Push(x, it)
 }
 
 func (x *index) remove(name string) {

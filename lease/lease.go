@@ -62,13 +62,17 @@ type Info struct {
 // Manager keeps the in-memory side of leases: the deadline index and the
 // waiter queues. Records live in the store.
 type Manager struct {
-	mu      sync.Mutex // guards idx, waiters, nwait, held
+	mu      sync.Mutex // guards idx, waiters, nwait, held, armed, armedOK
 	idx     *index
 	waiters map[string]*queue
 	nwait   int
 	held    int // leases held as of the last applied command
 
-	wake chan struct{} // gets a value when the earliest due time changes
+	// The time the expiry loop will look next, as it last said (Arm);
+	// armedOK is false when it waits for nothing but a wake.
+	armed   time.Duration
+	armedOK bool
+	wake    chan struct{} // gets a value when a due time comes before armed
 }
 
 // NewManager returns a Manager with empty indexes. Call Rearm before use on
@@ -81,8 +85,9 @@ func NewManager() *Manager {
 	}
 }
 
-// Wake returns a channel that receives when the earliest due time moves
-// earlier (or the index was empty). The expiry loop selects on it.
+// Wake returns a channel that receives when a lease or lock-delay becomes
+// due before the time the expiry loop last armed (see Arm), or when it
+// armed none. The expiry loop selects on it.
 func (m *Manager) Wake() <-chan struct{} { return m.wake }
 
 // Next is the earliest time at which a lease or lock-delay is due.
@@ -90,6 +95,17 @@ func (m *Manager) Next() (time.Duration, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	return m.idx.next()
+}
+
+// Arm is Next for the expiry loop, which promises to look again at the
+// time returned (or, if none, when woken): from then on, Wake receives
+// only for a due time before it. A lock taken and released over and over
+// so does not wake the loop each time, only when its timer comes.
+func (m *Manager) Arm() (time.Duration, bool) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	m.armed, m.armedOK = m.idx.next()
+	return m.armed, m.armedOK
 }
 
 // Due returns up to max lock names with a lease or lock-delay due at now.
@@ -110,9 +126,10 @@ func (m *Manager) Held() int {
 
 func (m *Manager) setDue(name string, at time.Duration) {
 	m.mu.Lock()
-	changed := m.idx.set(name, at)
+	m.idx.set(name, at)
+	early := !m.armedOK || at < m.armed
 	m.mu.Unlock()
-	if changed {
+	if early {
 		select {
 		case m.wake <- struct{}{}:
 		default:
