@@ -50,15 +50,18 @@ type Client struct {
 	reader  *call // the call the read side was handed to, until it takes it
 
 	// The read side, used by the caller that holds it.
-	br  *bufio.Reader
-	dec *msgpack.Decoder
+	br      *bufio.Reader
+	dec     *msgpack.Decoder
+	watched context.Context // the context whose end interrupts the reader (see watch)
 
 	// dlmu orders a context's end against the reader's wait for the next
 	// response: a read deadline is set only while the reader waits between
-	// responses, never in the middle of one.
+	// responses, never in the middle of one. It also guards unwatch.
 	dlmu     sync.Mutex
-	idleWait bool // the reader is waiting for the first byte of a response
-	dlSet    bool // a read deadline was set to interrupt that wait
+	idleWait bool        // the reader is waiting for the first byte of a response
+	dlSet    bool        // a read deadline was set to interrupt that wait
+	unwatch  func() bool // stops the watch on the context in watched
+	closed   bool        // Close has dropped the watch: make no more
 }
 
 // call is a request waiting for its response. The reader decodes the
@@ -101,6 +104,14 @@ func (c *Client) Addr() string { return c.addr }
 // more than once.
 func (c *Client) Close() error {
 	c.fail(ErrClientClosed)
+	c.dlmu.Lock()
+	c.closed = true
+	if c.unwatch != nil {
+		// Or a long-lived context would keep the client reachable.
+		c.unwatch()
+		c.unwatch = nil
+	}
+	c.dlmu.Unlock()
 	err := c.nc.Close()
 	if errors.Is(err, net.ErrClosed) {
 		return nil
@@ -155,19 +166,13 @@ var errInterrupted = errors.New("wire: wait interrupted")
 // returns p's outcome. If ctx ends while it waits between responses, it
 // hands the read side on and returns ctx's error, forgetting p unless keep.
 func (c *Client) readFor(ctx context.Context, id uint32, p *call, keep bool) error {
-	var stop func() bool
-	if ctx.Done() != nil {
-		stop = context.AfterFunc(ctx, c.interrupt)
-	}
+	c.watch(ctx)
 	var err error
 	for {
 		var q *call
 		if q, err = c.readResponse(ctx); err != nil || q == p {
 			break
 		}
-	}
-	if stop != nil {
-		stop()
 	}
 	switch {
 	case err == errInterrupted:
@@ -193,6 +198,26 @@ func (c *Client) readFor(ctx context.Context, id uint32, p *call, keep bool) err
 		return c.broken()
 	}
 	return out
+}
+
+// watch arranges for ctx's end to interrupt the reader's wait. Callers
+// mostly pass the same context call after call, so the registration is
+// kept until a reader brings another: a context that ends while another
+// reader waits interrupts it in vain, and that reader waits on.
+func (c *Client) watch(ctx context.Context) {
+	if ctx == c.watched {
+		return
+	}
+	c.dlmu.Lock()
+	defer c.dlmu.Unlock()
+	if c.unwatch != nil {
+		c.unwatch()
+		c.unwatch = nil
+	}
+	c.watched = ctx
+	if ctx.Done() != nil && !c.closed {
+		c.unwatch = context.AfterFunc(ctx, c.interrupt)
+	}
 }
 
 // interrupt cuts short the reader's wait for the next response, if it is
@@ -512,6 +537,9 @@ func (c *Client) wait(ctx context.Context, id uint32, p *call, keep bool) error 
 // do runs one call: write sends the params, decode reads the result.
 func (c *Client) do(ctx context.Context, method string, write func(params) error, decode func(*msgpack.Decoder) error) error {
 	p := &call{decode: decode, done: make(chan error, 1)}
+	if err := ctx.Err(); err != nil {
+		return err // sent nothing
+	}
 	id, err := c.start(method, write, p)
 	if err != nil {
 		return err
@@ -802,6 +830,9 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 			p.int("lock_delay_ms", ao.LockDelay.Milliseconds())
 		}
 		return nil
+	}
+	if err := ctx.Err(); err != nil {
+		return fencekv.Lease{}, err // sent nothing
 	}
 	id, err := c.start("acquire", write, p)
 	if err != nil {

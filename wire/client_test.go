@@ -178,3 +178,32 @@ func TestClientHandOverUnderCancel(t *testing.T) {
 		t.Fatal("the queued acquire was granted on the server but its caller never heard")
 	}
 }
+
+// TestClientSharedContext: a context passed call after call (the common
+// case, whose watch the client keeps) still interrupts the reader when it
+// ends, and a later call with another context is served.
+func TestClientSharedContext(t *testing.T) {
+	ts := startServer(t, nil)
+	holder := dial(t, ts.Addr)
+	l, err := holder.Acquire(context.Background(), "L", 10*time.Second, nil)
+	ok(t, err)
+	c := dial(t, ts.Addr)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	for range 5 {
+		if _, err := c.Ping(ctx); err != nil {
+			t.Fatal(err)
+		}
+	}
+	time.AfterFunc(100*time.Millisecond, cancel)
+	if _, err := c.Acquire(ctx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("acquire as its context ends = %v; want Canceled", err)
+	}
+	if _, err := c.Ping(ctx); !errors.Is(err, context.Canceled) {
+		t.Fatalf("ping with an ended context = %v; want Canceled", err)
+	}
+	if v, err := c.Ping(context.Background()); err != nil || v != fencekv.Version {
+		t.Fatalf("ping after = %q, %v", v, err)
+	}
+	ok(t, holder.Release(context.Background(), "L", l.Token))
+}
