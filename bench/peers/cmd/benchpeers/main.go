@@ -233,11 +233,17 @@ func measure(ctx context.Context, o options, log io.Writer) (*report, error) {
 	}
 	n := 0
 	for round := 1; round <= o.rounds; round++ {
+		// Each round starts with another system, so that no system always
+		// runs right after the same other one (and its background work).
+		order := slices.Concat(o.systems[(round-1)%len(o.systems):], o.systems[:(round-1)%len(o.systems)])
 		for _, wl := range o.workloads {
 			for _, c := range clientCounts(wl, o.clients) {
-				for _, s := range o.systems {
+				for _, s := range order {
 					if ctx.Err() != nil {
 						return rep, nil
+					}
+					if waited, quiet := settle(ctx); !quiet {
+						fmt.Fprintf(log, "(the machine was still busy after %s; running anyway)\n", waited.Round(time.Millisecond))
 					}
 					n++
 					cfg := rep.Config
@@ -264,6 +270,55 @@ func measure(ctx context.Context, o options, log io.Writer) (*report, error) {
 		}
 	}
 	return rep, nil
+}
+
+// settle waits until the machine is quiet: less than settleBusy of its
+// CPU time busy over a settleWindow, for at most settleMax. A server's
+// background work after a run (Redis rewriting its append-only file in a
+// forked child, etcd compacting) would otherwise land in the next
+// system's run. Steal time (other tenants) does not count.
+func settle(ctx context.Context) (time.Duration, bool) {
+	start := time.Now()
+	for time.Since(start) < settleMax && ctx.Err() == nil {
+		a, okA := cpuTimes()
+		time.Sleep(settleWindow)
+		b, okB := cpuTimes()
+		if !okA || !okB {
+			return 0, true // no /proc/stat: nothing to wait for
+		}
+		if busy, total := b.busy-a.busy, b.total-a.total; total > 0 && float64(busy) < settleBusy*float64(total) {
+			return time.Since(start), true
+		}
+	}
+	return time.Since(start), false
+}
+
+const (
+	settleBusy   = 0.15
+	settleWindow = 250 * time.Millisecond
+	settleMax    = 20 * time.Second
+)
+
+type cpuSample struct{ busy, total uint64 }
+
+// cpuTimes reads the machine's CPU time from /proc/stat: busy is user,
+// nice, system, irq and softirq; total adds idle and iowait.
+func cpuTimes() (cpuSample, bool) {
+	line, _, _ := strings.Cut(readFile("/proc/stat"), "\n")
+	f := strings.Fields(line)
+	if len(f) < 8 || f[0] != "cpu" {
+		return cpuSample{}, false
+	}
+	var v [7]uint64
+	for i := range v {
+		x, err := strconv.ParseUint(f[i+1], 10, 64)
+		if err != nil {
+			return cpuSample{}, false
+		}
+		v[i] = x
+	}
+	busy := v[0] + v[1] + v[2] + v[5] + v[6]
+	return cpuSample{busy: busy, total: busy + v[3] + v[4]}, true
 }
 
 // load reads a report written with --json.
@@ -418,8 +473,9 @@ func (r *report) markdown(w io.Writer) error {
 	p("- Each run: %v warm-up, then %v measured; %d-byte values; %d keys for get and mixed (%d%% gets); closed-loop clients, one connection each, one request in flight each.\n",
 		r.Warmup, r.Duration, r.ValueSize, r.Keys, r.GetPercent)
 	if r.Rounds > 1 {
-		p("- The whole matrix ran %d times, systems back to back within each round. Each cell shows the run with the median throughput over the rounds; each ratio is the median of the per-round ratios, with their range in brackets.\n", r.Rounds)
+		p("- The whole matrix ran %d times, systems back to back within each round, each round starting with the next system. Each cell shows the run with the median throughput over the rounds; each ratio is the median of the per-round ratios, with their range in brackets.\n", r.Rounds)
 	}
+	p("- Each run starts once the machine is quiet (under %d%% of its CPU busy over %v, waiting at most %v), so that a server's background work after its run (Redis rewriting its append-only file, etcd compacting) does not land in the next one.\n", int(settleBusy*100), settleWindow, settleMax)
 	p("- Servers, their data (temp dirs on the same disk) and the load generator all share the machine's cores, and other work may have run beside them (load average %s at the start, %s at the end): compare the ratios, measured back to back, more than the absolute numbers.\n\n", r.LoadStart, r.LoadEnd)
 
 	p("## Baselines\n\n")
