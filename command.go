@@ -60,6 +60,7 @@ type Result struct {
 	Grant   lease.Grant // acquire
 	TTL     time.Duration
 	Freed   bool // acquire/release/expire: the lock became acquirable
+	Noop    bool // expire: nothing was due, nothing changed (so nothing to log)
 }
 
 // apply is the state machine: it applies c to the transaction and the lease
@@ -94,7 +95,9 @@ func apply(tx *kv.Tx, leases *lease.Manager, c *Command) (r Result) {
 		r.Err = leases.Release(tx, c.Now, c.Lease.Name, c.Token)
 		r.Freed = r.Err == nil
 	case OpExpire:
-		r.Freed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
+		var changed bool
+		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
+		r.Noop = !changed
 	default:
 		r.Err = kv.Errorf(kv.CodeBadRequest, "unknown command %d", c.Op)
 	}

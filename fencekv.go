@@ -443,7 +443,9 @@ func (db *DB) commitBatch(batch []*request) {
 		return
 	}
 	db.store.Publish()
-	db.commits.Add(1)
+	if db.logged > 0 {
+		db.commits.Add(1)
+	}
 	db.commands.Add(uint64(len(batch) + len(handed)))
 	for _, r := range batch {
 		r.done <- struct{}{}
@@ -469,10 +471,11 @@ func (db *DB) fail(err error) {
 }
 
 // apply applies c and, if it changed anything, adds it to the batch's log
-// record.
+// record (a refused command, or an expire with nothing due, changed
+// nothing: replay needs neither).
 func (db *DB) apply(tx *kv.Tx, c *Command) Result {
 	r := apply(tx, db.leases, c)
-	if r.Err == nil {
+	if r.Err == nil && !r.Noop {
 		db.rec = appendCommand(db.rec, c)
 		db.logged++
 	}

@@ -270,34 +270,36 @@ func (m *Manager) Release(st Store, now time.Duration, name string, token kv.Tok
 // expires (entering lock-delay if it asked for one), a lock-delay that has
 // passed ends, and the record of an expired lock that has been free for
 // Retention is deleted. It reports whether the lock became acquirable, so
-// the caller can hand it to a waiter. Until it is deleted, an expired
+// the caller can hand it to a waiter, and whether it changed the store at
+// all (nothing is due more often than not: a command that changed nothing
+// need not be logged). Until it is deleted, an expired
 // lease's record tells its late holder lease_expired rather than
 // not_holder.
-func (m *Manager) Expire(st Store, now time.Duration, name string) (freed bool, err error) {
+func (m *Manager) Expire(st Store, now time.Duration, name string) (freed, changed bool, err error) {
 	r, ok, err := load(st, name)
 	if err != nil || !ok {
 		m.unsetDue(name)
-		return false, err
+		return false, false, err
 	}
 	switch {
 	case !r.Expired && now < r.Deadline:
 		m.setDue(name, r.Deadline) // renewed since it was indexed
-		return false, nil
+		return false, false, nil
 	case !r.Expired:
 		r.DelayUntil = r.delayEnd()
 		r.Expired = true
 		m.addHeld(-1)
 	case r.DelayUntil != 0 && now < r.DelayUntil:
 		m.setDue(name, r.DelayUntil)
-		return false, nil
+		return false, false, nil
 	case r.DelayUntil == 0:
 		// Expired and free: forget it when its retention has passed.
 		if now < r.ForgetAt {
 			m.setDue(name, r.ForgetAt)
-			return false, nil
+			return false, false, nil
 		}
 		m.unsetDue(name)
-		return false, st.DeleteLock([]byte(name))
+		return false, true, st.DeleteLock([]byte(name))
 	}
 	if r.DelayUntil != 0 && now >= r.DelayUntil {
 		r.DelayUntil = 0
@@ -307,14 +309,14 @@ func (m *Manager) Expire(st Store, now time.Duration, name string) (freed bool, 
 		freed = true
 	}
 	if err := store(st, name, &r); err != nil {
-		return false, err
+		return false, false, err
 	}
 	if freed {
 		m.setDue(name, r.ForgetAt)
 	} else {
 		m.setDue(name, r.DelayUntil)
 	}
-	return freed, nil
+	return freed, true, nil
 }
 
 // Rearm gives every live lease its full TTL from now, and every lock in

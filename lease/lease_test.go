@@ -387,7 +387,7 @@ func TestExpire(t *testing.T) {
 		t.Helper()
 		var freed bool
 		var err error
-		in(t, s, func(tx *kv.Tx) { freed, err = m.Expire(tx, now, name) })
+		in(t, s, func(tx *kv.Tx) { freed, _, err = m.Expire(tx, now, name) })
 		if err != nil {
 			t.Fatalf("Expire(%q) at %v: %v", name, now, err)
 		}
@@ -725,5 +725,42 @@ func TestWake(t *testing.T) {
 	take("d", time.Hour)
 	if !woke() {
 		t.Fatalf("no wake for a deadline while nothing was armed")
+	}
+}
+
+// TestExpireChanged: Expire says whether it changed the store, so that the
+// engine logs only the expiries that did something.
+func TestExpireChanged(t *testing.T) {
+	s, m := testStore(t), NewManager()
+	expire := func(now time.Duration, name string) (freed, changed bool) {
+		t.Helper()
+		var err error
+		in(t, s, func(tx *kv.Tx) { freed, changed, err = m.Expire(tx, now, name) })
+		if err != nil {
+			t.Fatalf("Expire(%q) at %v: %v", name, now, err)
+		}
+		return freed, changed
+	}
+	mustAcquire(t, s, m, 0, Request{Name: "A", TTL: time.Second, LockDelay: time.Second})
+	for _, step := range []struct {
+		now            time.Duration
+		freed, changed bool
+		what           string
+	}{
+		{500 * time.Millisecond, false, false, "before the deadline"},
+		{time.Second, false, true, "at the deadline: expired, into lock-delay"},
+		{1500 * time.Millisecond, false, false, "during the lock-delay"},
+		{2 * time.Second, true, true, "the lock-delay ends"},
+		{2*time.Second + Retention/2, false, false, "free, within the retention"},
+		{2*time.Second + Retention, false, true, "the record is forgotten"},
+		{3*time.Second + Retention, false, false, "no record"},
+	} {
+		freed, changed := expire(step.now, "A")
+		if freed != step.freed || changed != step.changed {
+			t.Fatalf("%s: freed %v, changed %v; want %v, %v", step.what, freed, changed, step.freed, step.changed)
+		}
+	}
+	if _, changed := expire(0, "never"); changed {
+		t.Fatalf("Expire of a lock never taken changed something")
 	}
 }
