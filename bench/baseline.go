@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv/wire"
@@ -104,6 +105,88 @@ func PingFencekv(ctx context.Context, addr string, n int) (Latency, error) {
 		start := time.Now()
 		if _, err := c.Ping(ctx); err != nil {
 			return Latency{}, fmt.Errorf("bench: ping: %w", err)
+		}
+		h.Record(time.Since(start))
+	}
+	return h.Latency(), nil
+}
+
+// SyncedEchoSize is the size of the messages SyncedEchoRTT sends: about
+// a fenced put's log record.
+const SyncedEchoSize = 174
+
+// ServeSyncedEcho answers each SyncedEchoSize-byte message on the
+// connections of ln with the same bytes, after writing them over a
+// preallocated file in dir and syncing it: a round trip with one durable
+// write and no store behind it, the floor under a 1-client fenced write.
+// Run it in another process than the one measuring, so that the round trip
+// crosses processes as a request to a server does (on a VM, the CPU that
+// idles through the sync must then be woken twice). It returns when ln is
+// closed.
+func ServeSyncedEcho(ln net.Listener, dir string) error {
+	f, err := os.CreateTemp(dir, "synced-echo-*.tmp")
+	if err != nil {
+		return err
+	}
+	defer os.Remove(f.Name())
+	defer f.Close()
+	const size = 4 << 20
+	if _, err := f.Write(make([]byte, size)); err != nil {
+		return err
+	}
+	if err := f.Sync(); err != nil {
+		return err
+	}
+	var mu sync.Mutex // one file offset for every connection
+	var off int64
+	for {
+		c, err := ln.Accept()
+		if err != nil {
+			return err
+		}
+		go func() {
+			defer c.Close()
+			msg := make([]byte, SyncedEchoSize)
+			for {
+				if _, err := io.ReadFull(c, msg); err != nil {
+					return
+				}
+				mu.Lock()
+				_, err := f.WriteAt(msg, off)
+				if err == nil {
+					err = f.Sync()
+				}
+				off = (off + SyncedEchoSize) % (size - SyncedEchoSize)
+				mu.Unlock()
+				if err != nil {
+					return
+				}
+				if _, err := c.Write(msg); err != nil {
+					return
+				}
+			}
+		}()
+	}
+}
+
+// SyncedEchoRTT measures n round trips to a ServeSyncedEcho server at addr.
+func SyncedEchoRTT(addr string, n int) (Latency, error) {
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		return Latency{}, err
+	}
+	defer c.Close()
+	c.(*net.TCPConn).SetNoDelay(true)
+	msg := make([]byte, SyncedEchoSize)
+	h := NewHistogram()
+	for i := range n {
+		msg[0] = byte(i)
+		start := time.Now()
+		if _, err := c.Write(msg); err != nil {
+			return Latency{}, err
+		}
+		if _, err := io.ReadFull(c, msg); err != nil {
+			return Latency{}, err
 		}
 		h.Record(time.Since(start))
 	}

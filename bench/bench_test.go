@@ -3,7 +3,9 @@ package bench_test
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -155,5 +157,25 @@ func TestBaselines(t *testing.T) {
 	ping, err := bench.PingFencekv(context.Background(), startServer(t), 20)
 	if err != nil || ping.Count != 20 {
 		t.Errorf("PingFencekv: %+v, %v", ping, err)
+	}
+
+	// The synced echo (in process here; benchpeers runs it in another).
+	dir := t.TempDir()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- bench.ServeSyncedEcho(ln, dir) }()
+	echo, err := bench.SyncedEchoRTT(ln.Addr().String(), 10)
+	if err != nil || echo.Count != 10 || echo.P50 <= 0 {
+		t.Errorf("SyncedEchoRTT: %+v, %v", echo, err)
+	}
+	ln.Close()
+	if err := <-served; !errors.Is(err, net.ErrClosed) {
+		t.Errorf("ServeSyncedEcho after its listener closed: %v", err)
+	}
+	if left, _ := os.ReadDir(dir); len(left) != 0 {
+		t.Errorf("ServeSyncedEcho left %d files in its dir", len(left))
 	}
 }
