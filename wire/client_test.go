@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
 )
 
 // The client has no reader goroutine: a waiting caller reads the
@@ -87,24 +88,30 @@ func TestClientCancelStorm(t *testing.T) {
 	}
 }
 
+// lockHeld starts a server on which one client (holder) holds lock "L"
+// with lease l, and dials another client, c.
+func lockHeld(t *testing.T) (ts *testServer, holder *wire.Client, l fencekv.Lease, c *wire.Client) {
+	t.Helper()
+	ts = startServer(t, nil)
+	holder = dial(t, ts.Addr)
+	l, err := holder.Acquire(context.Background(), "L", 10*time.Second, nil)
+	ok(t, err)
+	return ts, holder, l, dial(t, ts.Addr)
+}
+
 // TestClientReaderInterrupted: a lone caller reading its own queued
 // acquire returns at its context's end, the connection stays in step, and
 // the grant that comes later is released by the client.
 func TestClientReaderInterrupted(t *testing.T) {
-	ts := startServer(t, nil)
+	ts, holder, l, c := lockHeld(t)
 	ctx := context.Background()
-	holder := dial(t, ts.Addr)
-	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
-	ok(t, err)
-
-	c := dial(t, ts.Addr)
 	// Cancelled, not a deadline: Acquire would shorten the server-side
 	// wait to a deadline, and the server would answer in time.
 	actx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
-	_, err = c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
+	_, err := c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
 	}
@@ -141,12 +148,8 @@ func TestClientReaderInterrupted(t *testing.T) {
 // queued acquire) while others come and go, some cut short: the reading
 // passes between them without losing an answer.
 func TestClientHandOverUnderCancel(t *testing.T) {
-	ts := startServer(t, nil)
+	ts, holder, l, c := lockHeld(t)
 	ctx := context.Background()
-	holder := dial(t, ts.Addr)
-	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
-	ok(t, err)
-	c := dial(t, ts.Addr)
 	granted := make(chan error, 1)
 	go func() {
 		_, err := c.Acquire(ctx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
@@ -183,11 +186,7 @@ func TestClientHandOverUnderCancel(t *testing.T) {
 // case, whose watch the client keeps) still interrupts the reader when it
 // ends, and a later call with another context is served.
 func TestClientSharedContext(t *testing.T) {
-	ts := startServer(t, nil)
-	holder := dial(t, ts.Addr)
-	l, err := holder.Acquire(context.Background(), "L", 10*time.Second, nil)
-	ok(t, err)
-	c := dial(t, ts.Addr)
+	_, holder, l, c := lockHeld(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for range 5 {
