@@ -12,39 +12,12 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/bench"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
-// startServer serves a fresh engine in t.TempDir() on a free port.
-func startServer(t *testing.T) string {
-	t.Helper()
-	db, err := fencekv.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := wire.NewServer(db, wire.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan struct{})
-	go func() {
-		defer close(served)
-		srv.Serve(ln)
-	}()
-	t.Cleanup(func() {
-		srv.Shutdown(context.Background())
-		<-served
-		db.Close()
-	})
-	return ln.Addr().String()
-}
-
 func TestWorkloads(t *testing.T) {
-	addr := startServer(t)
+	addr := serve(t)
 	for _, wl := range bench.Workloads {
 		t.Run(string(wl), func(t *testing.T) {
 			cfg := bench.DefaultConfig()
@@ -85,7 +58,7 @@ func TestWorkloads(t *testing.T) {
 }
 
 func TestRunStopsOnCancel(t *testing.T) {
-	addr := startServer(t)
+	addr := serve(t)
 	cfg := bench.DefaultConfig()
 	cfg.Clients = 2
 	cfg.Warmup = 0
@@ -103,7 +76,7 @@ func TestRunStopsOnCancel(t *testing.T) {
 }
 
 func TestRunReportsRefusals(t *testing.T) {
-	addr := startServer(t)
+	addr := serve(t)
 	ctx := context.Background()
 	// Fence every client's own key far ahead of any token the run will get.
 	c, err := wire.Dial(ctx, addr)
@@ -154,7 +127,7 @@ func TestBaselines(t *testing.T) {
 	if err != nil || fs.Count != 5 || fs.P50 <= 0 {
 		t.Errorf("FsyncLatency: %+v, %v", fs, err)
 	}
-	ping, err := bench.PingFencekv(context.Background(), startServer(t), 20)
+	ping, err := bench.PingFencekv(context.Background(), serve(t), 20)
 	if err != nil || ping.Count != 20 {
 		t.Errorf("PingFencekv: %+v, %v", ping, err)
 	}
@@ -178,4 +151,10 @@ func TestBaselines(t *testing.T) {
 	if left, _ := os.ReadDir(dir); len(left) != 0 {
 		t.Errorf("ServeSyncedEcho left %d files in its dir", len(left))
 	}
+}
+
+// serve starts an in-process server on a fresh store for the test.
+func serve(t *testing.T) string {
+	addr, _ := fencekvtest.Serve(t, nil)
+	return addr
 }

@@ -1,6 +1,7 @@
-// Package fencekvtest holds test helpers for programs that embed fencekv:
-// a fake clock that moves only when told, so lease expiry is driven by the
-// test rather than by sleeping.
+// Package fencekvtest holds test helpers for programs that embed fencekv
+// or talk to it: a server on a fresh store (Serve), and a fake clock that
+// moves only when told, so lease expiry is driven by the test rather than
+// by sleeping.
 package fencekvtest
 
 import (

@@ -2,7 +2,6 @@ package verify_test
 
 import (
 	"context"
-	"net"
 	"os"
 	"os/exec"
 	"strings"
@@ -10,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/verify"
 	"github.com/fencekv/fencekv/wire"
 )
@@ -30,34 +30,10 @@ func TestVerifyClientProcess(t *testing.T) {
 	os.Exit(verify.ClientMain(args, os.Stdin, os.Stdout))
 }
 
-func startServer(t *testing.T) string {
-	t.Helper()
-	db, err := fencekv.Open(t.TempDir(), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv, err := wire.NewServer(db, wire.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
-	t.Cleanup(func() {
-		srv.Shutdown(context.Background())
-		<-served
-		db.Close()
-	})
-	return ln.Addr().String()
-}
-
 // TestVerifyRun runs a short verify against an in-process server, with the
 // paused clients as real child processes stopped by SIGSTOP.
 func TestVerifyRun(t *testing.T) {
-	addr := startServer(t)
+	addr := serve(t)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 	defer cancel()
 	rep, err := verify.Run(ctx, verify.Config{
@@ -110,4 +86,10 @@ func TestReportVerdict(t *testing.T) {
 	if r.OK() || !strings.Contains(r.String(), "FAIL: 1 violation") || !strings.Contains(r.String(), "token 5") {
 		t.Errorf("report with a violation: OK %v, %q", r.OK(), r.String())
 	}
+}
+
+// serve starts an in-process server on a fresh store for the test.
+func serve(t *testing.T) string {
+	addr, _ := fencekvtest.Serve(t, nil)
+	return addr
 }
