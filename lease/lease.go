@@ -90,17 +90,11 @@ func NewManager() *Manager {
 // armed none. The expiry loop selects on it.
 func (m *Manager) Wake() <-chan struct{} { return m.wake }
 
-// Next is the earliest time at which a lease or lock-delay is due.
-func (m *Manager) Next() (time.Duration, bool) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.idx.next()
-}
-
-// Arm is Next for the expiry loop, which promises to look again at the
-// time returned (or, if none, when woken): from then on, Wake receives
-// only for a due time before it. A lock taken and released over and over
-// so does not wake the loop each time, only when its timer comes.
+// Arm returns the earliest time at which a lease or lock-delay is due, for
+// the expiry loop, which promises to look again then (or, if none, when
+// woken): from then on, Wake receives only for a due time before it. A
+// lock taken and released over and over so does not wake the loop each
+// time, only when its timer comes.
 func (m *Manager) Arm() (time.Duration, bool) {
 	m.mu.Lock()
 	defer m.mu.Unlock()

@@ -242,7 +242,7 @@ func TestAcquire(t *testing.T) {
 	if m.Held() != 1 {
 		t.Fatalf("Held = %d; want 1", m.Held())
 	}
-	if at, ok := m.Next(); !ok || at != time.Second {
+	if at, ok := m.Arm(); !ok || at != time.Second {
 		t.Fatalf("Next = %v, %v; want 1s", at, ok)
 	}
 
@@ -319,7 +319,7 @@ func TestRenew(t *testing.T) {
 	if in := info(t, s, m, 1500*time.Millisecond, "L"); !in.Held || in.TTL != 200*time.Millisecond {
 		t.Fatalf("after renew at 700ms, info at 1.5s = %+v; want held with 200ms left", in)
 	}
-	if at, _ := m.Next(); at != 1700*time.Millisecond {
+	if at, _ := m.Arm(); at != 1700*time.Millisecond {
 		t.Fatalf("Next = %v; want 1.7s", at)
 	}
 
@@ -366,7 +366,7 @@ func TestRelease(t *testing.T) {
 	if m.Held() != 0 {
 		t.Fatalf("Held after release = %d; want 0", m.Held())
 	}
-	if _, ok := m.Next(); ok {
+	if _, ok := m.Arm(); ok {
 		t.Fatalf("a released lock is still in the deadline index")
 	}
 	if in := info(t, s, m, 500*time.Millisecond, "L"); in.Held || in.Delay != 0 {
@@ -408,7 +408,7 @@ func TestExpire(t *testing.T) {
 		if expire(2*time.Second, "A") {
 			t.Fatalf("a second Expire freed the lock again")
 		}
-		if at, ok := m.Next(); !ok || at != time.Second+Retention {
+		if at, ok := m.Arm(); !ok || at != time.Second+Retention {
 			t.Fatalf("Next after expiry = %v, %v; want the end of the retention, %v", at, ok, time.Second+Retention)
 		}
 		// The record is kept, so the late holder hears lease_expired.
@@ -425,7 +425,7 @@ func TestExpire(t *testing.T) {
 		if expire(time.Second+Retention, "A"); rawRecord(t, s, "A") != nil {
 			t.Fatalf("the record outlived its retention")
 		}
-		if _, ok := m.Next(); ok {
+		if _, ok := m.Arm(); ok {
 			t.Fatalf("a forgotten lock is still in the deadline index")
 		}
 		_ = s.View(func(tx *kv.Tx) error { err = m.Check(tx, time.Second+Retention, "A", g.Token); return nil })
@@ -437,7 +437,7 @@ func TestExpire(t *testing.T) {
 		if expire(time.Second, "D") {
 			t.Fatalf("Expire at the deadline freed a lock with a lock-delay")
 		}
-		if at, ok := m.Next(); !ok || at != 4*time.Second {
+		if at, ok := m.Arm(); !ok || at != 4*time.Second {
 			t.Fatalf("Next = %v, %v; want 4s (end of the delay)", at, ok)
 		}
 		if in := info(t, s, m, 2*time.Second, "D"); in.Held || in.Delay != 2*time.Second {
@@ -523,7 +523,7 @@ func TestRearm(t *testing.T) {
 	if m2.Held() != 2 {
 		t.Errorf("Held after rearm = %d; want 2", m2.Held())
 	}
-	if at, ok := m2.Next(); !ok || at != now+time.Second {
+	if at, ok := m2.Arm(); !ok || at != now+time.Second {
 		t.Errorf("Next after rearm = %v, %v; want %v", at, ok, now+time.Second)
 	}
 	if got := m2.Due(now+10*time.Second, 10); len(got) != 3 {
