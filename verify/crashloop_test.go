@@ -106,8 +106,7 @@ type crashRun struct {
 	writers []*crashWriter
 	lockers []*crashLocker
 
-	acks atomic.Int64 // acknowledgements, for the kill schedule
-	tick chan struct{}
+	acks *opCounter // acknowledgements, for the kill schedule
 
 	mu       sync.Mutex // guards grants, maxToken
 	grants   []grantRec // every acknowledged grant
@@ -119,7 +118,7 @@ func (r *crashRun) now() int64 { return int64(time.Since(r.start)) }
 func runCrashLoop(t *testing.T, cfg crashConfig) {
 	seed := testSeed(t)
 	r := &crashRun{t: t, srv: startServer(t, t.TempDir()), start: time.Now(),
-		rng: rand.New(rand.NewPCG(seed, 0)), tick: make(chan struct{}, 1)}
+		rng: rand.New(rand.NewPCG(seed, 0)), acks: newOpCounter()}
 	for i := range cfg.writers {
 		r.writers = append(r.writers,
 			&crashWriter{key: fmt.Sprintf("crash/put/%d", i)},
@@ -180,36 +179,10 @@ func (r *crashRun) iteration(cfg crashConfig, seed uint64, it int) (acked, inFli
 			nFlight.Add(f)
 		}()
 	}
-	r.await(cfg.minAcks, randDuration(r.rng, cfg.killAfter[0], cfg.killAfter[1]))
+	r.acks.await(r.t, cfg.minAcks, randDuration(r.rng, cfg.killAfter[0], cfg.killAfter[1]), "workers acknowledged")
 	r.srv.kill()
 	wg.Wait() // every worker stops at its first failed call
 	return int(nAcked.Load()), int(nFlight.Load())
-}
-
-// await returns once d has passed and the workers acknowledged at least n
-// operations since await was called.
-func (r *crashRun) await(n int64, d time.Duration) {
-	from := r.acks.Load()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	<-timer.C
-	deadline := time.NewTimer(2 * time.Minute)
-	defer deadline.Stop()
-	for r.acks.Load()-from < n {
-		select {
-		case <-r.tick:
-		case <-deadline.C:
-			r.t.Fatalf("workers acknowledged only %d operations in 2m", r.acks.Load()-from)
-		}
-	}
-}
-
-func (r *crashRun) acked() {
-	r.acks.Add(1)
-	select {
-	case r.tick <- struct{}{}:
-	default:
-	}
 }
 
 // lost reports whether err means the call's outcome is unknown (the
@@ -254,7 +227,7 @@ func (r *crashRun) runWriter(ctx context.Context, addr string, w *crashWriter) (
 		}
 		w.acked = n
 		acked++
-		r.acked()
+		r.acks.done()
 	}
 	return acked, 0
 }
@@ -314,7 +287,7 @@ func (r *crashRun) runLocker(ctx context.Context, addr string, l *crashLocker, r
 			return acked, 0
 		}
 		acked++
-		r.acked()
+		r.acks.done()
 	}
 	return acked, 0
 }

@@ -19,6 +19,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -327,6 +328,44 @@ func checkGrantOrder(t *testing.T, grants []grantRec) {
 		if g.token <= maxBefore {
 			t.Errorf("G1: grant of %s called at %v got token %d, not above token %d of %s, granted before (returned at %v)",
 				g.lock, time.Duration(g.call), g.token, maxBefore, from.lock, time.Duration(from.ret))
+		}
+	}
+}
+
+// opCounter counts the operations a test's workers complete, so that the
+// test can wait for more of them (a kill schedule: "at least n more, and
+// at least d from now").
+type opCounter struct {
+	n    atomic.Int64
+	tick chan struct{} // gets a value after an operation, if none is pending
+}
+
+func newOpCounter() *opCounter { return &opCounter{tick: make(chan struct{}, 1)} }
+
+// done counts one operation.
+func (p *opCounter) done() {
+	p.n.Add(1)
+	select {
+	case p.tick <- struct{}{}:
+	default:
+	}
+}
+
+// await returns once d has passed and at least n operations completed
+// since it was called; it fails the test after two minutes without them.
+func (p *opCounter) await(t testing.TB, n int64, d time.Duration, what string) {
+	t.Helper()
+	from := p.n.Load()
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	<-timer.C
+	deadline := time.NewTimer(2 * time.Minute)
+	defer deadline.Stop()
+	for p.n.Load()-from < n {
+		select {
+		case <-p.tick:
+		case <-deadline.C:
+			t.Fatalf("%s only %d operations in 2m", what, p.n.Load()-from)
 		}
 	}
 }

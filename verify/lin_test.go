@@ -520,9 +520,8 @@ type linRun struct {
 	start  time.Time
 	ctx    context.Context // cancelled if the test fails early: clients stop waiting for a server
 	cancel context.CancelFunc
-	done   atomic.Bool  // clients stop issuing operations
-	ops    atomic.Int64 // operations completed, for the kill schedule
-	tick   chan struct{}
+	done   atomic.Bool // clients stop issuing operations
+	ops    *opCounter  // operations completed, for the kill schedule
 
 	mu      sync.Mutex // guards history, odd
 	history []porcupine.Operation
@@ -534,7 +533,7 @@ func (r *linRun) now() int64 { return int64(time.Since(r.start)) }
 func runLinearizable(t *testing.T, cfg linConfig) {
 	seed := testSeed(t)
 	srv := startServer(t, t.TempDir())
-	r := &linRun{t: t, srv: srv, start: time.Now(), tick: make(chan struct{}, 1)}
+	r := &linRun{t: t, srv: srv, start: time.Now(), ops: newOpCounter()}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
@@ -556,7 +555,7 @@ func runLinearizable(t *testing.T, cfg linConfig) {
 	rng := rand.New(rand.NewPCG(seed, math.MaxUint64))
 	var annotations []porcupine.Annotation
 	for k := 0; k <= cfg.kills; k++ {
-		r.await(cfg.minOps, randDuration(rng, cfg.killAfter[0], cfg.killAfter[1]))
+		r.ops.await(r.t, cfg.minOps, randDuration(rng, cfg.killAfter[0], cfg.killAfter[1]), "clients completed")
 		if k == cfg.kills {
 			break
 		}
@@ -586,24 +585,6 @@ func runLinearizable(t *testing.T, cfg linConfig) {
 	}
 	r.checkGrants(history)
 	r.check(history, cfg, annotations)
-}
-
-// await returns once the clients completed at least n operations since it
-// was called and d has passed.
-func (r *linRun) await(n int64, d time.Duration) {
-	from := r.ops.Load()
-	timer := time.NewTimer(d)
-	defer timer.Stop()
-	<-timer.C
-	deadline := time.NewTimer(2 * time.Minute)
-	defer deadline.Stop()
-	for r.ops.Load()-from < n {
-		select {
-		case <-r.tick:
-		case <-deadline.C:
-			r.t.Fatalf("clients completed only %d operations in 2m", r.ops.Load()-from)
-		}
-	}
 }
 
 func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations []porcupine.Annotation) {
@@ -954,11 +935,7 @@ func (c *linClient) do(ctx context.Context, in linInput) {
 	c.run.mu.Lock()
 	c.run.history = append(c.run.history, porcupine.Operation{ClientId: c.id, Input: in, Call: in.Call, Output: out, Return: ret})
 	c.run.mu.Unlock()
-	c.run.ops.Add(1)
-	select {
-	case c.run.tick <- struct{}{}:
-	default:
-	}
+	c.run.ops.done()
 }
 
 // linExpected reports whether code is a refusal the workload can cause for
