@@ -5,6 +5,7 @@ import (
 	"errors"
 	"time"
 
+	"github.com/fencekv/fencekv/fence"
 	"github.com/fencekv/fencekv/kv"
 	"github.com/fencekv/fencekv/lease"
 )
@@ -99,7 +100,7 @@ func apply(tx *kv.Tx, leases *lease.Manager, c *Command) (r Result) {
 		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
 		r.Noop = !changed
 	default:
-		r.Err = kv.Errorf(kv.CodeBadRequest, "unknown command %d", c.Op)
+		r.Err = fence.Errorf(fence.CodeBadRequest, "unknown command %d", c.Op)
 	}
 	return r
 }

@@ -26,6 +26,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencekv/fencekv/fence"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
 )
@@ -33,17 +34,11 @@ import (
 // SchemaVersion is the layout version this package reads and writes.
 const SchemaVersion = 1
 
-// Token is a fencing token: one value of the store-wide sequence that lock
-// grants draw from. 0 means "no token".
-type Token uint64
-
-func (t Token) String() string { return strconv.FormatUint(uint64(t), 10) }
-
-// Revision counts accepted writes store-wide; each key reports the revision
-// of its last change. 0 means "never written".
-type Revision uint64
-
-func (r Revision) String() string { return strconv.FormatUint(uint64(r), 10) }
+// Token and Revision are fence's; kv stores them big-endian.
+type (
+	Token    = fence.Token
+	Revision = fence.Revision
+)
 
 var (
 	bucketMeta  = []byte("meta")
@@ -455,31 +450,31 @@ func (t *Tx) get(key []byte, copyValue bool) (Entry, bool) {
 }
 
 // check applies the fence rule (G2, G3) to a write on a key whose current
-// fence is fence.
-func check(fence Token, w Write) error {
+// fence is cur.
+func check(cur Token, w Write) error {
 	if w.Strict {
-		if w.Token <= fence {
-			return &Error{Code: CodeStaleToken, Fence: fence,
-				Message: fmt.Sprintf("strict write needs a token above fence %d, got %d", fence, w.Token)}
+		if w.Token <= cur {
+			return &fence.Error{Code: fence.CodeStaleToken, Fence: cur,
+				Message: fmt.Sprintf("strict write needs a token above fence %d, got %d", cur, w.Token)}
 		}
 		return nil
 	}
-	if w.Token < fence {
-		return &Error{Code: CodeStaleToken, Fence: fence,
-			Message: fmt.Sprintf("token %d is below fence %d", w.Token, fence)}
+	if w.Token < cur {
+		return &fence.Error{Code: fence.CodeStaleToken, Fence: cur,
+			Message: fmt.Sprintf("token %d is below fence %d", w.Token, cur)}
 	}
 	return nil
 }
 
 // write stores a live or deleted record for key with the new fence and
 // advances the revision. It never fails a fence check: callers check first.
-func (t *Tx) write(key, value []byte, live bool, fence Token, wasLive bool) (Revision, error) {
+func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive bool) (Revision, error) {
 	rev := t.rev + 1
 	rec := make([]byte, recHeader+len(value))
 	if live {
 		rec[0] = flagLive
 	}
-	binary.BigEndian.PutUint64(rec[1:9], uint64(fence))
+	binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
 	binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
 	copy(rec[recHeader:], value)
 	// bbolt keeps the key slice until the transaction commits, which for
@@ -501,11 +496,11 @@ func (t *Tx) write(key, value []byte, live bool, fence Token, wasLive bool) (Rev
 	return rev, nil
 }
 
-func raise(fence Token, w Write) Token {
-	if w.Token > fence {
+func raise(cur Token, w Write) Token {
+	if w.Token > cur {
 		return w.Token
 	}
-	return fence
+	return cur
 }
 
 // Put writes value to key if the fence rule accepts w, and raises the fence
@@ -515,12 +510,12 @@ func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
 	if err := check(cur.Fence, w); err != nil {
 		return cur, err
 	}
-	fence := raise(cur.Fence, w)
-	rev, err := t.write(key, value, true, fence, cur.Found)
+	nf := raise(cur.Fence, w)
+	rev, err := t.write(key, value, true, nf, cur.Found)
 	if err != nil {
 		return cur, err
 	}
-	return Entry{Key: key, Value: value, Found: true, Fence: fence, Revision: rev}, nil
+	return Entry{Key: key, Value: value, Found: true, Fence: nf, Revision: rev}, nil
 }
 
 // Delete removes key if the fence rule accepts w. The fence survives. A
@@ -533,19 +528,19 @@ func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 	if err := check(cur.Fence, w); err != nil {
 		return false, cur, err
 	}
-	fence := raise(cur.Fence, w)
+	nf := raise(cur.Fence, w)
 	if !cur.Found && w.Token == 0 {
 		// An accepted write like any other, so it advances the store's
 		// revision; there is nothing to record for the key.
 		t.rev++
 		t.dirty = true
-		return false, Entry{Key: key, Fence: fence, Revision: t.rev}, nil
+		return false, Entry{Key: key, Fence: nf, Revision: t.rev}, nil
 	}
-	rev, err := t.write(key, nil, false, fence, cur.Found)
+	rev, err := t.write(key, nil, false, nf, cur.Found)
 	if err != nil {
 		return false, cur, err
 	}
-	return cur.Found, Entry{Key: key, Fence: fence, Revision: rev}, nil
+	return cur.Found, Entry{Key: key, Fence: nf, Revision: rev}, nil
 }
 
 // CAS writes value if the key's revision is rev (0: the key must be absent)
@@ -556,7 +551,7 @@ func (t *Tx) CAS(key []byte, rev Revision, value []byte, w Write) (Entry, error)
 		return cur, err
 	}
 	if cur.Revision != rev {
-		return cur, &Error{Code: CodeCompareFailed, Revision: cur.Revision,
+		return cur, &fence.Error{Code: fence.CodeCompareFailed, Revision: cur.Revision,
 			Message: fmt.Sprintf("key is at revision %d, not %d", cur.Revision, rev)}
 	}
 	return t.Put(key, value, w)
@@ -574,12 +569,12 @@ func (t *Tx) Incr(key []byte, delta int64, w Write) (int64, Entry, error) {
 		var err error
 		n, err = strconv.ParseInt(string(cur.Value), 10, 64)
 		if err != nil {
-			return 0, cur, &Error{Code: CodeNotInteger, Message: fmt.Sprintf("value %.32q is not a signed 64-bit integer", cur.Value)}
+			return 0, cur, &fence.Error{Code: fence.CodeNotInteger, Message: fmt.Sprintf("value %.32q is not a signed 64-bit integer", cur.Value)}
 		}
 	}
 	sum := n + delta
 	if (delta > 0 && sum < n) || (delta < 0 && sum > n) {
-		return 0, cur, &Error{Code: CodeNotInteger, Message: fmt.Sprintf("%d + %d overflows a signed 64-bit integer", n, delta)}
+		return 0, cur, &fence.Error{Code: fence.CodeNotInteger, Message: fmt.Sprintf("%d + %d overflows a signed 64-bit integer", n, delta)}
 	}
 	e, err := t.Put(key, strconv.AppendInt(nil, sum, 10), w)
 	return sum, e, err
@@ -742,3 +737,7 @@ func getU64(b []byte) uint64 {
 	}
 	return binary.BigEndian.Uint64(b)
 }
+
+// ErrSchema is returned by Open when the file was written by another schema
+// version of fencekv.
+var ErrSchema = errors.New("kv: unsupported schema version")

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekv/fencekv/fence"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -43,8 +44,8 @@ func get(t *testing.T, s *Store, key string) Entry {
 	return e
 }
 
-// wantCode fails unless err is an *Error with code (or nil when code is "").
-func wantCode(t *testing.T, err error, code Code) *Error {
+// wantCode fails unless err is an *fence.Error with code (or nil when code is "").
+func wantCode(t *testing.T, err error, code fence.Code) *fence.Error {
 	t.Helper()
 	if code == "" {
 		if err != nil {
@@ -52,7 +53,7 @@ func wantCode(t *testing.T, err error, code Code) *Error {
 		}
 		return nil
 	}
-	var e *Error
+	var e *fence.Error
 	if !errors.As(err, &e) || e.Code != code {
 		t.Fatalf("err = %v; want code %s", err, code)
 	}
@@ -174,12 +175,12 @@ func TestFenceRule(t *testing.T) {
 				update(t, s, func(tx *Tx) { e, err = o.run(tx, key, Write{Token: tt.token, Strict: tt.strict}) })
 				after := get(t, s, "k")
 				if !tt.ok {
-					fe := wantCode(t, err, CodeStaleToken)
+					fe := wantCode(t, err, fence.CodeStaleToken)
 					if fe.Fence != tt.fence {
 						t.Errorf("stale_token fence = %d; want %d", fe.Fence, tt.fence)
 					}
-					if !errors.Is(err, ErrStaleToken) {
-						t.Errorf("errors.Is(err, ErrStaleToken) = false for %v", err)
+					if !errors.Is(err, fence.ErrStaleToken) {
+						t.Errorf("errors.Is(err, fence.ErrStaleToken) = false for %v", err)
 					}
 					wantEntry(t, after, before.Found, string(before.Value), before.Fence, before.Revision)
 					_ = s.View(func(tx *Tx) error {
@@ -216,13 +217,13 @@ func TestDeleteKeepsFence(t *testing.T) {
 	wantEntry(t, get(t, s, "k"), false, "", 7, 0)
 	update(t, s, func(tx *Tx) {
 		_, err := tx.Put(k, []byte("late"), Write{Token: 6})
-		if fe := wantCode(t, err, CodeStaleToken); fe.Fence != 7 {
+		if fe := wantCode(t, err, fence.CodeStaleToken); fe.Fence != 7 {
 			t.Fatalf("fence in refusal = %d; want 7", fe.Fence)
 		}
 		_, err = tx.Put(k, []byte("plain"), Write{})
-		wantCode(t, err, CodeStaleToken)
+		wantCode(t, err, fence.CodeStaleToken)
 		_, _, err = tx.Delete(k, Write{Token: 6})
-		wantCode(t, err, CodeStaleToken)
+		wantCode(t, err, fence.CodeStaleToken)
 	})
 	_ = s.View(func(tx *Tx) error {
 		if tx.Keys() != 0 {
@@ -297,15 +298,15 @@ func TestCAS(t *testing.T) {
 		wantEntry(t, e, true, "a", 0, 1)
 
 		_, err = tx.CAS(k, 0, []byte("b"), Write{})
-		if fe := wantCode(t, err, CodeCompareFailed); fe.Revision != 1 {
+		if fe := wantCode(t, err, fence.CodeCompareFailed); fe.Revision != 1 {
 			t.Errorf("compare_failed revision = %d; want 1", fe.Revision)
 		}
 		_, err = tx.CAS(k, 5, []byte("b"), Write{})
-		if fe := wantCode(t, err, CodeCompareFailed); fe.Revision != 1 {
+		if fe := wantCode(t, err, fence.CodeCompareFailed); fe.Revision != 1 {
 			t.Errorf("compare_failed revision = %d; want 1", fe.Revision)
 		}
 		_, err = tx.CAS([]byte("absent"), 1, []byte("b"), Write{})
-		if fe := wantCode(t, err, CodeCompareFailed); fe.Revision != 0 {
+		if fe := wantCode(t, err, fence.CodeCompareFailed); fe.Revision != 0 {
 			t.Errorf("compare_failed revision on absent key = %d; want 0", fe.Revision)
 		}
 
@@ -315,16 +316,16 @@ func TestCAS(t *testing.T) {
 
 		// The fence is checked before the revision.
 		_, err = tx.CAS(k, 99, []byte("c"), Write{Token: 2})
-		wantCode(t, err, CodeStaleToken)
+		wantCode(t, err, fence.CodeStaleToken)
 		_, err = tx.CAS(k, 2, []byte("c"), Write{Token: 3, Strict: true})
-		wantCode(t, err, CodeStaleToken)
+		wantCode(t, err, fence.CodeStaleToken)
 
 		// A deleted key is absent: only revision 0 matches it.
 		if _, _, err := tx.Delete(k, Write{Token: 3}); err != nil {
 			t.Fatal(err)
 		}
 		_, err = tx.CAS(k, 3, []byte("c"), Write{Token: 3})
-		if fe := wantCode(t, err, CodeCompareFailed); fe.Revision != 0 {
+		if fe := wantCode(t, err, fence.CodeCompareFailed); fe.Revision != 0 {
 			t.Errorf("compare_failed revision on deleted key = %d; want 0", fe.Revision)
 		}
 		e, err = tx.CAS(k, 0, []byte("c"), Write{Token: 3})
@@ -340,7 +341,7 @@ func TestIncr(t *testing.T) {
 		initial *string // nil: key missing
 		delta   int64
 		want    int64
-		code    Code
+		code    fence.Code
 	}{
 		{name: "missing counts as zero", delta: 5, want: 5},
 		{name: "negative delta", initial: ptr("10"), delta: -15, want: -5},
@@ -348,14 +349,14 @@ func TestIncr(t *testing.T) {
 		{name: "negative value", initial: ptr("-3"), delta: 1, want: -2},
 		{name: "max", initial: ptr("9223372036854775806"), delta: 1, want: math.MaxInt64},
 		{name: "min", initial: ptr("-9223372036854775807"), delta: -1, want: math.MinInt64},
-		{name: "overflow up", initial: ptr("9223372036854775807"), delta: 1, code: CodeNotInteger},
-		{name: "overflow down", initial: ptr("-9223372036854775808"), delta: -1, code: CodeNotInteger},
-		{name: "overflow by big delta", initial: ptr("1"), delta: math.MaxInt64, code: CodeNotInteger},
-		{name: "not a number", initial: ptr("abc"), delta: 1, code: CodeNotInteger},
-		{name: "empty value", initial: ptr(""), delta: 1, code: CodeNotInteger},
-		{name: "float", initial: ptr("1.5"), delta: 1, code: CodeNotInteger},
-		{name: "too big for int64", initial: ptr("9223372036854775808"), delta: 0, code: CodeNotInteger},
-		{name: "space", initial: ptr(" 1"), delta: 1, code: CodeNotInteger},
+		{name: "overflow up", initial: ptr("9223372036854775807"), delta: 1, code: fence.CodeNotInteger},
+		{name: "overflow down", initial: ptr("-9223372036854775808"), delta: -1, code: fence.CodeNotInteger},
+		{name: "overflow by big delta", initial: ptr("1"), delta: math.MaxInt64, code: fence.CodeNotInteger},
+		{name: "not a number", initial: ptr("abc"), delta: 1, code: fence.CodeNotInteger},
+		{name: "empty value", initial: ptr(""), delta: 1, code: fence.CodeNotInteger},
+		{name: "float", initial: ptr("1.5"), delta: 1, code: fence.CodeNotInteger},
+		{name: "too big for int64", initial: ptr("9223372036854775808"), delta: 0, code: fence.CodeNotInteger},
+		{name: "space", initial: ptr(" 1"), delta: 1, code: fence.CodeNotInteger},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -398,9 +399,9 @@ func TestIncrOrder(t *testing.T) {
 	update(t, s, func(tx *Tx) {
 		tx.Put([]byte("n"), []byte("x"), Write{Token: 5})
 		_, _, err := tx.Incr([]byte("n"), 1, Write{Token: 4})
-		wantCode(t, err, CodeStaleToken)
+		wantCode(t, err, fence.CodeStaleToken)
 		_, _, err = tx.Incr([]byte("n"), 1, Write{Token: 5})
-		wantCode(t, err, CodeNotInteger)
+		wantCode(t, err, fence.CodeNotInteger)
 	})
 }
 
@@ -661,24 +662,24 @@ func TestLocksBucket(t *testing.T) {
 }
 
 func TestErrorIs(t *testing.T) {
-	err := fmt.Errorf("context: %w", &Error{Code: CodeStaleToken, Fence: 3, Message: "x"})
-	if !errors.Is(err, ErrStaleToken) {
-		t.Errorf("errors.Is(wrapped stale_token, ErrStaleToken) = false")
+	err := fmt.Errorf("context: %w", &fence.Error{Code: fence.CodeStaleToken, Fence: 3, Message: "x"})
+	if !errors.Is(err, fence.ErrStaleToken) {
+		t.Errorf("errors.Is(wrapped stale_token, fence.ErrStaleToken) = false")
 	}
-	if errors.Is(err, ErrNotHolder) {
-		t.Errorf("errors.Is(stale_token, ErrNotHolder) = true")
+	if errors.Is(err, fence.ErrNotHolder) {
+		t.Errorf("errors.Is(stale_token, fence.ErrNotHolder) = true")
 	}
 	if errors.Is(err, errors.New("stale_token")) {
 		t.Errorf("errors.Is matched a plain error")
 	}
-	var e *Error
+	var e *fence.Error
 	if !errors.As(err, &e) || e.Fence != 3 {
 		t.Errorf("errors.As lost the fence: %+v", e)
 	}
-	if got, want := (&Error{Code: CodeBadRequest}).Error(), "bad_request"; got != want {
+	if got, want := (&fence.Error{Code: fence.CodeBadRequest}).Error(), "bad_request"; got != want {
 		t.Errorf("Error() = %q; want %q", got, want)
 	}
-	if got, want := Errorf(CodeTooLarge, "key is %d bytes", 9).Error(), "too_large: key is 9 bytes"; got != want {
+	if got, want := fence.Errorf(fence.CodeTooLarge, "key is %d bytes", 9).Error(), "too_large: key is 9 bytes"; got != want {
 		t.Errorf("Error() = %q; want %q", got, want)
 	}
 }

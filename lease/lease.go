@@ -19,13 +19,14 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencekv/fencekv/fence"
 	"github.com/fencekv/fencekv/kv"
 )
 
 // Store is the view of a storage transaction that leases use. *kv.Tx
 // implements it.
 type Store interface {
-	NextToken() kv.Token
+	NextToken() fence.Token
 	Lock(name []byte) []byte
 	PutLock(name, rec []byte) error
 	DeleteLock(name []byte) error
@@ -44,7 +45,7 @@ type Request struct {
 
 // Grant is a granted lease.
 type Grant struct {
-	Token kv.Token
+	Token fence.Token
 	TTL   time.Duration
 }
 
@@ -53,7 +54,7 @@ type Info struct {
 	Name    string
 	Held    bool
 	Holder  string
-	Token   kv.Token      // the holder's token, or the latest grant's if not held
+	Token   fence.Token   // the holder's token, or the latest grant's if not held
 	TTL     time.Duration // lease time left; 0 when not held
 	Delay   time.Duration // lock-delay left; 0 when none
 	Waiters int
@@ -161,7 +162,7 @@ func store(st Store, name string, r *Record) error {
 
 // Acquire grants the lock if it is free at now: not held by a live lease
 // and not in lock-delay. The token is the next of the store-wide sequence.
-// A refusal is kv.CodeLockHeld with the holder, its token and the time
+// A refusal is fence.CodeLockHeld with the holder, its token and the time
 // until the lock may be free, and changes nothing.
 func (m *Manager) Acquire(st Store, now time.Duration, req Request) (Grant, error) {
 	r, ok, err := load(st, req.Name)
@@ -171,11 +172,11 @@ func (m *Manager) Acquire(st Store, now time.Duration, req Request) (Grant, erro
 	wasHeld := ok && !r.Expired
 	if ok {
 		if r.held(now) {
-			return Grant{}, &kv.Error{Code: kv.CodeLockHeld, Holder: r.Holder, Token: r.Token, RetryAfter: r.Deadline - now,
+			return Grant{}, &fence.Error{Code: fence.CodeLockHeld, Holder: r.Holder, Token: r.Token, RetryAfter: r.Deadline - now,
 				Message: fmt.Sprintf("lock %q is held by token %d for %v more", req.Name, r.Token, (r.Deadline - now).Round(time.Millisecond))}
 		}
 		if end := r.delayEnd(); end > now {
-			return Grant{}, &kv.Error{Code: kv.CodeLockHeld, RetryAfter: end - now,
+			return Grant{}, &fence.Error{Code: fence.CodeLockHeld, RetryAfter: end - now,
 				Message: fmt.Sprintf("lock %q is in lock-delay for %v more after token %d expired", req.Name, (end - now).Round(time.Millisecond), r.Token)}
 		}
 	}
@@ -197,25 +198,25 @@ func (m *Manager) Acquire(st Store, now time.Duration, req Request) (Grant, erro
 }
 
 // check is the holder check shared by renew, release and held writes.
-func check(r Record, ok bool, name string, token kv.Token, now time.Duration) error {
+func check(r Record, ok bool, name string, token fence.Token, now time.Duration) error {
 	switch {
 	case ok && r.Token == token && r.held(now):
 		return nil
 	case ok && r.Token == token:
-		return &kv.Error{Code: kv.CodeLeaseExpired, Token: token,
+		return &fence.Error{Code: fence.CodeLeaseExpired, Token: token,
 			Message: fmt.Sprintf("the lease of token %d on lock %q has expired", token, name)}
 	case ok && r.held(now):
-		return &kv.Error{Code: kv.CodeNotHolder, Token: r.Token,
+		return &fence.Error{Code: fence.CodeNotHolder, Token: r.Token,
 			Message: fmt.Sprintf("lock %q is held by token %d, not %d", name, r.Token, token)}
 	default:
-		return &kv.Error{Code: kv.CodeNotHolder,
+		return &fence.Error{Code: fence.CodeNotHolder,
 			Message: fmt.Sprintf("lock %q is not held by token %d", name, token)}
 	}
 }
 
 // Check reports whether name is held by exactly token at now (G4): nil, or
-// kv.CodeNotHolder / kv.CodeLeaseExpired.
-func (m *Manager) Check(st Store, now time.Duration, name string, token kv.Token) error {
+// fence.CodeNotHolder / fence.CodeLeaseExpired.
+func (m *Manager) Check(st Store, now time.Duration, name string, token fence.Token) error {
 	r, ok, err := load(st, name)
 	if err != nil {
 		return err
@@ -225,7 +226,7 @@ func (m *Manager) Check(st Store, now time.Duration, name string, token kv.Token
 
 // Renew gives the lease of token on name its full TTL again, from now. It is
 // idempotent: a retried renew only moves the deadline.
-func (m *Manager) Renew(st Store, now time.Duration, name string, token kv.Token) (time.Duration, error) {
+func (m *Manager) Renew(st Store, now time.Duration, name string, token fence.Token) (time.Duration, error) {
 	r, ok, err := load(st, name)
 	if err != nil {
 		return 0, err
@@ -242,9 +243,9 @@ func (m *Manager) Renew(st Store, now time.Duration, name string, token kv.Token
 }
 
 // Release ends the lease of token on name. A clean release frees the lock
-// at once, with no lock-delay. It reports nil or kv.CodeNotHolder /
-// kv.CodeLeaseExpired, and on refusal changes nothing.
-func (m *Manager) Release(st Store, now time.Duration, name string, token kv.Token) error {
+// at once, with no lock-delay. It reports nil or fence.CodeNotHolder /
+// fence.CodeLeaseExpired, and on refusal changes nothing.
+func (m *Manager) Release(st Store, now time.Duration, name string, token fence.Token) error {
 	r, ok, err := load(st, name)
 	if err != nil {
 		return err
@@ -450,7 +451,7 @@ func (w *Waiter) Finish(g Grant, err error) {
 type queue struct{ ws []*Waiter }
 
 // ErrTooManyWaiters is returned by Enqueue when max waiters are queued.
-var ErrTooManyWaiters = &kv.Error{Code: kv.CodeLimitExceeded, Message: "too many waiters"}
+var ErrTooManyWaiters = &fence.Error{Code: fence.CodeLimitExceeded, Message: "too many waiters"}
 
 // Enqueue puts w at the tail of its lock's queue unless max waiters (0:
 // unlimited) are already queued store-wide.

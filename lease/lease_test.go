@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekv/fencekv/fence"
 	"github.com/fencekv/fencekv/kv"
 )
 
@@ -175,7 +176,7 @@ func in(t *testing.T, s *kv.Store, fn func(tx *kv.Tx)) {
 	}
 }
 
-func wantCode(t *testing.T, err error, code kv.Code) *kv.Error {
+func wantCode(t *testing.T, err error, code fence.Code) *fence.Error {
 	t.Helper()
 	if code == "" {
 		if err != nil {
@@ -183,7 +184,7 @@ func wantCode(t *testing.T, err error, code kv.Code) *kv.Error {
 		}
 		return nil
 	}
-	var e *kv.Error
+	var e *fence.Error
 	if !errors.As(err, &e) || e.Code != code {
 		t.Fatalf("err = %v; want code %s", err, code)
 	}
@@ -199,9 +200,9 @@ func rawRecord(t *testing.T, s *kv.Store, name string) []byte {
 	return b
 }
 
-func lastToken(t *testing.T, s *kv.Store) kv.Token {
+func lastToken(t *testing.T, s *kv.Store) fence.Token {
 	t.Helper()
-	var tok kv.Token
+	var tok fence.Token
 	_ = s.View(func(tx *kv.Tx) error { tok = tx.LastToken(); return nil })
 	return tok
 }
@@ -250,7 +251,7 @@ func TestAcquire(t *testing.T) {
 	before := rawRecord(t, s, "L")
 	var err error
 	in(t, s, func(tx *kv.Tx) { _, err = m.Acquire(tx, 400*time.Millisecond, Request{Name: "L", TTL: time.Second}) })
-	e := wantCode(t, err, kv.CodeLockHeld)
+	e := wantCode(t, err, fence.CodeLockHeld)
 	if e.Holder != "a" || e.Token != 1 || e.RetryAfter != 600*time.Millisecond {
 		t.Fatalf("lock_held facts = holder %q token %d retry %v; want a, 1, 600ms", e.Holder, e.Token, e.RetryAfter)
 	}
@@ -274,7 +275,7 @@ func TestAcquire(t *testing.T) {
 func TestCheck(t *testing.T) {
 	s, m := testStore(t), NewManager()
 	g := mustAcquire(t, s, m, 0, Request{Name: "L", TTL: time.Second})
-	check := func(now time.Duration, name string, tok kv.Token) error {
+	check := func(now time.Duration, name string, tok fence.Token) error {
 		var err error
 		_ = s.View(func(tx *kv.Tx) error { err = m.Check(tx, now, name, tok); return nil })
 		return err
@@ -283,18 +284,18 @@ func TestCheck(t *testing.T) {
 		name      string
 		now       time.Duration
 		lock      string
-		token     kv.Token
-		code      kv.Code
-		factToken kv.Token
+		token     fence.Token
+		code      fence.Code
+		factToken fence.Token
 	}{
 		{"holder", 0, "L", g.Token, "", 0},
 		{"holder just before deadline", time.Second - 1, "L", g.Token, "", 0},
-		{"other token while held", 0, "L", g.Token + 1, kv.CodeNotHolder, g.Token},
-		{"older token while held", 0, "L", g.Token - 1, kv.CodeNotHolder, g.Token},
-		{"no token", 0, "L", 0, kv.CodeNotHolder, g.Token},
-		{"holder at deadline", time.Second, "L", g.Token, kv.CodeLeaseExpired, g.Token},
-		{"other token after deadline", time.Second, "L", g.Token + 1, kv.CodeNotHolder, 0},
-		{"never acquired", 0, "nope", 1, kv.CodeNotHolder, 0},
+		{"other token while held", 0, "L", g.Token + 1, fence.CodeNotHolder, g.Token},
+		{"older token while held", 0, "L", g.Token - 1, fence.CodeNotHolder, g.Token},
+		{"no token", 0, "L", 0, fence.CodeNotHolder, g.Token},
+		{"holder at deadline", time.Second, "L", g.Token, fence.CodeLeaseExpired, g.Token},
+		{"other token after deadline", time.Second, "L", g.Token + 1, fence.CodeNotHolder, 0},
+		{"never acquired", 0, "nope", 1, fence.CodeNotHolder, 0},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -327,12 +328,12 @@ func TestRenew(t *testing.T) {
 	for _, tt := range []struct {
 		name  string
 		now   time.Duration
-		token kv.Token
-		code  kv.Code
+		token fence.Token
+		code  fence.Code
 	}{
-		{"wrong token", time.Second, g.Token + 5, kv.CodeNotHolder},
-		{"after expiry", 1700 * time.Millisecond, g.Token, kv.CodeLeaseExpired},
-		{"other lock", time.Second, g.Token, kv.CodeNotHolder},
+		{"wrong token", time.Second, g.Token + 5, fence.CodeNotHolder},
+		{"after expiry", 1700 * time.Millisecond, g.Token, fence.CodeLeaseExpired},
+		{"other lock", time.Second, g.Token, fence.CodeNotHolder},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			name := "L"
@@ -354,9 +355,9 @@ func TestRelease(t *testing.T) {
 	before := rawRecord(t, s, "L")
 	var err error
 	in(t, s, func(tx *kv.Tx) { err = m.Release(tx, 0, "L", g.Token+1) })
-	wantCode(t, err, kv.CodeNotHolder)
+	wantCode(t, err, fence.CodeNotHolder)
 	in(t, s, func(tx *kv.Tx) { err = m.Release(tx, time.Second, "L", g.Token) })
-	wantCode(t, err, kv.CodeLeaseExpired)
+	wantCode(t, err, fence.CodeLeaseExpired)
 	if !bytes.Equal(rawRecord(t, s, "L"), before) || m.Held() != 1 {
 		t.Fatalf("a refused release changed something")
 	}
@@ -378,7 +379,7 @@ func TestRelease(t *testing.T) {
 	}
 	// Releasing twice is refused.
 	in(t, s, func(tx *kv.Tx) { err = m.Release(tx, 500*time.Millisecond, "L", g.Token) })
-	wantCode(t, err, kv.CodeNotHolder)
+	wantCode(t, err, fence.CodeNotHolder)
 }
 
 func TestExpire(t *testing.T) {
@@ -414,7 +415,7 @@ func TestExpire(t *testing.T) {
 		// The record is kept, so the late holder hears lease_expired.
 		var err error
 		_ = s.View(func(tx *kv.Tx) error { err = m.Check(tx, 2*time.Second, "A", g.Token); return nil })
-		wantCode(t, err, kv.CodeLeaseExpired)
+		wantCode(t, err, fence.CodeLeaseExpired)
 		if in := info(t, s, m, 2*time.Second, "A"); in.Held || in.Token != g.Token || in.TTL != 0 || in.Delay != 0 {
 			t.Fatalf("info = %+v; want free, token %d", in, g.Token)
 		}
@@ -429,7 +430,7 @@ func TestExpire(t *testing.T) {
 			t.Fatalf("a forgotten lock is still in the deadline index")
 		}
 		_ = s.View(func(tx *kv.Tx) error { err = m.Check(tx, time.Second+Retention, "A", g.Token); return nil })
-		wantCode(t, err, kv.CodeNotHolder)
+		wantCode(t, err, fence.CodeNotHolder)
 	})
 
 	t.Run("lock delay", func(t *testing.T) {
@@ -445,7 +446,7 @@ func TestExpire(t *testing.T) {
 		}
 		var err error
 		in(t, s, func(tx *kv.Tx) { _, err = m.Acquire(tx, 3999*time.Millisecond, Request{Name: "D", TTL: time.Second}) })
-		if e := wantCode(t, err, kv.CodeLockHeld); e.RetryAfter != time.Millisecond {
+		if e := wantCode(t, err, fence.CodeLockHeld); e.RetryAfter != time.Millisecond {
 			t.Fatalf("retry in delay = %v; want 1ms", e.RetryAfter)
 		}
 		if expire(3999*time.Millisecond, "D") {
@@ -657,7 +658,7 @@ func TestWaitersLimit(t *testing.T) {
 	m.Enqueue(NewWaiter(Request{Name: "a"}), 2)
 	m.Enqueue(NewWaiter(Request{Name: "b"}), 2)
 	err := m.Enqueue(NewWaiter(Request{Name: "c"}), 2)
-	wantCode(t, err, kv.CodeLimitExceeded)
+	wantCode(t, err, fence.CodeLimitExceeded)
 	if m.TotalWaiting() != 2 || m.Waiting("c") != 0 {
 		t.Fatalf("a refused Enqueue queued the waiter")
 	}
@@ -674,7 +675,7 @@ func TestWake(t *testing.T) {
 		}
 	}
 	// The expiry loop has armed nothing yet: any due time wakes it.
-	tokens := map[string]kv.Token{}
+	tokens := map[string]fence.Token{}
 	take := func(name string, ttl time.Duration) {
 		t.Helper()
 		tokens[name] = mustAcquire(t, s, m, 0, Request{Name: name, TTL: ttl}).Token

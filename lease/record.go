@@ -5,7 +5,7 @@ import (
 	"fmt"
 	"time"
 
-	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/fence"
 )
 
 // Record is a lock's durable state, kept in the store's locks bucket.
@@ -14,7 +14,7 @@ import (
 // stored so that every replica judges held writes the same way, and they are
 // re-armed with full TTLs by Rearm after a restart or a leader change.
 type Record struct {
-	Token      kv.Token      // the lock's latest grant
+	Token      fence.Token   // the lock's latest grant
 	Holder     string        // display name given by the holder
 	TTL        time.Duration // lease length, granted again on every renew
 	LockDelay  time.Duration // after an expiry, nobody may acquire for this long
@@ -80,7 +80,7 @@ func unmarshal(b []byte) (Record, error) {
 	u := func(i int) uint64 { return binary.BigEndian.Uint64(b[2+8*i:]) }
 	return Record{
 		Expired:    b[1]&1 != 0,
-		Token:      kv.Token(u(0)),
+		Token:      fence.Token(u(0)),
 		TTL:        time.Duration(u(1)),
 		LockDelay:  time.Duration(u(2)),
 		Deadline:   time.Duration(u(3)),

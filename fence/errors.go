@@ -1,4 +1,4 @@
-package kv
+package fence
 
 import (
 	"errors"
@@ -94,7 +94,3 @@ var (
 func Errorf(code Code, format string, args ...any) *Error {
 	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
 }
-
-// ErrSchema is returned by Open when the file was written by another schema
-// version of fencekv.
-var ErrSchema = errors.New("kv: unsupported schema version")
