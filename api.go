@@ -206,7 +206,7 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 	r := newRequest(Command{Op: OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
 	r.wait = ao.Wait
 	defer r.free()
-	if err := db.submitAll(r); err != nil {
+	if err := db.submit(ctx, r); err != nil {
 		return Lease{}, err
 	}
 	if r.waiter == nil {
@@ -249,7 +249,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, wait time.Duratio
 	case <-w.Done():
 		return granted()
 	case <-timer.C():
-		if !db.leases.Cancel(w) {
+		if !db.m.leases.Cancel(w) {
 			<-w.Done()
 			return granted()
 		}
@@ -266,7 +266,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, wait time.Duratio
 		}
 		return Lease{}, db.lockHeld(w.Req.Name)
 	case <-ctx.Done():
-		if !db.leases.Cancel(w) {
+		if !db.m.leases.Cancel(w) {
 			<-w.Done()
 			if w.Err == nil {
 				// Nobody will use this grant: give the lock to the next.
@@ -330,7 +330,7 @@ func (db *DB) LockInfo(ctx context.Context, name string) (LockInfo, error) {
 	var in LockInfo
 	err := db.view(func(tx *kv.Tx, now time.Duration) error {
 		var err error
-		in, err = db.leases.Info(tx, now, name)
+		in, err = db.m.leases.Info(tx, now, name)
 		return err
 	})
 	return in, err
@@ -345,7 +345,7 @@ func (db *DB) Locks(ctx context.Context, prefix, start string, limit int) (locks
 	}
 	err = db.view(func(tx *kv.Tx, now time.Duration) error {
 		var err error
-		locks, more, err = db.leases.List(tx, now, prefix, start, limit)
+		locks, more, err = db.m.leases.List(tx, now, prefix, start, limit, db.opts.MaxScanBytes)
 		return err
 	})
 	return locks, more, err
@@ -372,8 +372,8 @@ type Status struct {
 func (db *DB) Status(ctx context.Context) (Status, error) {
 	s := Status{
 		Version: Version,
-		Locks:   db.leases.Held(),
-		Waiters: db.leases.TotalWaiting(),
+		Locks:   db.m.leases.Held(),
+		Waiters: db.m.leases.TotalWaiting(),
 		Commits: db.commits.Load(),
 
 		SyncTime:       time.Duration(db.syncNanos.Load()),

@@ -3,9 +3,9 @@ package fencekv
 import (
 	"encoding/binary"
 	"errors"
+	"fmt"
 	"time"
 
-	"github.com/fencekv/fencekv/fence"
 	"github.com/fencekv/fencekv/kv"
 	"github.com/fencekv/fencekv/lease"
 )
@@ -23,10 +23,11 @@ const (
 	OpAcquire               // Lease
 	OpRenew                 // Lease.Name, Token
 	OpRelease               // Lease.Name, Token
-	OpExpire                // Lease.Name: apply what is due on the lock at Now
+	OpExpire                // Lease.Name: apply what is due on the lock at Now (a no-op from an older Term)
+	OpRearm                 // every lease its full TTL again from Now; Term becomes the machine's term
 )
 
-var opNames = [...]string{"", "put", "delete", "cas", "incr", "acquire", "renew", "release", "expire"}
+var opNames = [...]string{"", "put", "delete", "cas", "incr", "acquire", "renew", "release", "expire", "rearm"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -38,10 +39,13 @@ func (o Op) String() string {
 // Command is one state change. Now is set by whoever proposes it (the
 // batch leader, or a cluster leader) from its monotonic clock, so that
 // applying the same commands in the same order gives the same state on
-// every node.
+// every node. Term is the proposer's term (0 on a single node): an expiry
+// proposed under an older term than the last rearm changes nothing, so an
+// old or paused leader can never expire a lease.
 type Command struct {
 	Op       Op
 	Now      time.Duration
+	Term     uint64
 	Key      []byte
 	Value    []byte
 	Revision Revision
@@ -64,53 +68,28 @@ type Result struct {
 	Noop    bool // expire: nothing was due, nothing changed (so nothing to log)
 }
 
-// apply is the state machine: it applies c to the transaction and the lease
-// manager's index. It is deterministic in (state, c). A refused command
-// changes nothing: every check comes before the first write.
+// The encoding of a batch of commands, as the write-ahead log (and a
+// replicated log) keeps it: a version byte, then the commands back to back.
+// A log outlives the binary that wrote it, so the version says how to read
+// what follows, and a version this build does not know is an error, never
+// a misread.
 //
-// Called only by the batch leader (or a replicated log's apply).
-func apply(tx *kv.Tx, leases *lease.Manager, c *Command) (r Result) {
-	switch c.Op {
-	case OpPut, OpDelete, OpCAS, OpIncr:
-		if c.Lock != "" {
-			if err := leases.Check(tx, c.Now, c.Lock, c.Write.Token); err != nil {
-				r.Err = err
-				return r
-			}
-		}
-	}
-	switch c.Op {
-	case OpPut:
-		r.Entry, r.Err = tx.Put(c.Key, c.Value, c.Write)
-	case OpDelete:
-		r.Deleted, r.Entry, r.Err = tx.Delete(c.Key, c.Write)
-	case OpCAS:
-		r.Entry, r.Err = tx.CAS(c.Key, c.Revision, c.Value, c.Write)
-	case OpIncr:
-		r.Int, r.Entry, r.Err = tx.Incr(c.Key, c.Delta, c.Write)
-	case OpAcquire:
-		r.Grant, r.Err = leases.Acquire(tx, c.Now, c.Lease)
-	case OpRenew:
-		r.TTL, r.Err = leases.Renew(tx, c.Now, c.Lease.Name, c.Token)
-	case OpRelease:
-		r.Err = leases.Release(tx, c.Now, c.Lease.Name, c.Token)
-		r.Freed = r.Err == nil
-	case OpExpire:
-		var changed bool
-		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
-		r.Noop = !changed
-	default:
-		r.Err = fence.Errorf(fence.CodeBadRequest, "unknown command %d", c.Op)
-	}
-	return r
-}
+// Version 0 had no version byte: its records start with an Op (1..8). It is
+// still read, so a log written before versions existed replays.
+const (
+	encodingV1 = 0x81 // commands with Term; OpRearm
+)
 
-// appendCommand appends c's binary encoding, as the write-ahead log keeps
-// it, to b. Every field is written, so that replay applies exactly the
-// command that was applied before.
+// appendBatchHeader starts the encoding of a batch.
+func appendBatchHeader(b []byte) []byte { return append(b, encodingV1) }
+
+// appendCommand appends c's binary encoding (version 1) to b. Every field
+// is written, so that replay applies exactly the command that was applied
+// before.
 func appendCommand(b []byte, c *Command) []byte {
 	b = append(b, byte(c.Op))
 	b = binary.AppendVarint(b, int64(c.Now))
+	b = binary.AppendUvarint(b, c.Term)
 	b = appendBytes(b, c.Key)
 	b = appendBytes(b, c.Value)
 	b = binary.AppendUvarint(b, uint64(c.Revision))
@@ -129,6 +108,57 @@ func appendCommand(b []byte, c *Command) []byte {
 	return binary.AppendUvarint(b, uint64(c.Token))
 }
 
+// EncodeBatch encodes cmds as one batch, for a replicated log's entry.
+func EncodeBatch(cmds []Command) []byte {
+	b := appendBatchHeader(nil)
+	for i := range cmds {
+		b = appendCommand(b, &cmds[i])
+	}
+	return b
+}
+
+// DecodeBatch decodes a batch written by EncodeBatch (or by the engine's
+// write-ahead log, of any version this build reads).
+func DecodeBatch(b []byte) ([]Command, error) {
+	var cmds []Command
+	err := eachCommand(b, func(c *Command) error {
+		cmds = append(cmds, *c)
+		return nil
+	})
+	return cmds, err
+}
+
+// ErrVersion is returned when a log holds commands encoded by a version of
+// fencekv newer than this build.
+var ErrVersion = errors.New("fencekv: commands encoded by a newer version of fencekv (upgrade this binary)")
+
+// eachCommand decodes the batch b and calls fn for each command in order.
+func eachCommand(b []byte, fn func(*Command) error) error {
+	if len(b) == 0 {
+		return nil
+	}
+	version := 0
+	switch v := b[0]; {
+	case v == encodingV1:
+		version, b = 1, b[1:]
+	case v >= byte(OpPut) && v <= byte(OpExpire):
+		// version 0: no version byte
+	default:
+		return fmt.Errorf("%w: version byte 0x%02x", ErrVersion, v)
+	}
+	for len(b) > 0 {
+		c, rest, err := readCommand(b, version)
+		if err != nil {
+			return err
+		}
+		if err := fn(&c); err != nil {
+			return err
+		}
+		b = rest
+	}
+	return nil
+}
+
 func appendBytes(b, v []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(v)))
 	return append(b, v...)
@@ -138,12 +168,18 @@ func appendBytes(b, v []byte) []byte {
 // write.
 var errBadCommand = errors.New("fencekv: malformed command in the log")
 
-// readCommand decodes one command from the front of b and returns the rest.
-func readCommand(b []byte) (Command, []byte, error) {
+// readCommand decodes one command of the given encoding version from the
+// front of b and returns the rest.
+func readCommand(b []byte, version int) (Command, []byte, error) {
 	var c Command
 	r := cmdReader{b: b}
 	c.Op = Op(r.byte())
 	c.Now = time.Duration(r.varint())
+	last := OpExpire
+	if version >= 1 {
+		c.Term = r.uvarint()
+		last = OpRearm
+	}
 	c.Key = r.bytes()
 	c.Value = r.bytes()
 	c.Revision = Revision(r.uvarint())
@@ -156,7 +192,7 @@ func readCommand(b []byte) (Command, []byte, error) {
 	c.Lease.Holder = string(r.bytes())
 	c.Lease.LockDelay = time.Duration(r.varint())
 	c.Token = Token(r.uvarint())
-	if r.bad || c.Op < OpPut || c.Op > OpExpire {
+	if r.bad || c.Op < OpPut || c.Op > last {
 		return Command{}, nil, errBadCommand
 	}
 	return c, r.b, nil

@@ -1,6 +1,8 @@
 package fencekv
 
 import (
+	"encoding/binary"
+	"errors"
 	"reflect"
 	"testing"
 	"time"
@@ -17,46 +19,65 @@ var sampleCommands = []Command{
 	{Op: OpAcquire, Lease: lease.Request{Name: "lock", TTL: time.Minute, Holder: "h", LockDelay: time.Second}},
 	{Op: OpRenew, Lease: lease.Request{Name: "lock"}, Token: 1<<64 - 1},
 	{Op: OpRelease, Lease: lease.Request{Name: "lock"}, Token: 3},
-	{Op: OpExpire, Now: time.Hour, Lease: lease.Request{Name: "lock"}},
+	{Op: OpExpire, Now: time.Hour, Term: 9, Lease: lease.Request{Name: "lock"}},
+	{Op: OpRearm, Now: time.Minute, Term: 1 << 40},
 }
 
-// TestCommandEncoding: what the write-ahead log keeps of a command decodes
-// to the same command, several to a record.
+// TestCommandEncoding: what the write-ahead log (or a replicated log)
+// keeps of a batch decodes to the same commands, in order.
 func TestCommandEncoding(t *testing.T) {
-	var b []byte
-	for i := range sampleCommands {
-		b = appendCommand(b, &sampleCommands[i])
+	got, err := DecodeBatch(EncodeBatch(sampleCommands))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != len(sampleCommands) {
+		t.Fatalf("decoded %d commands; want %d", len(got), len(sampleCommands))
 	}
 	for i, want := range sampleCommands {
-		got, rest, err := readCommand(b)
-		if err != nil {
-			t.Fatalf("command %d: %v", i, err)
+		if !reflect.DeepEqual(normal(got[i]), normal(want)) {
+			t.Fatalf("command %d = %+v; want %+v", i, got[i], want)
 		}
-		if want.Key == nil {
-			want.Key = []byte{}
-		}
-		if want.Value == nil {
-			want.Value = []byte{}
-		}
-		if got.Key == nil {
-			got.Key = []byte{}
-		}
-		if got.Value == nil {
-			got.Value = []byte{}
-		}
-		if !reflect.DeepEqual(got, want) {
-			t.Fatalf("command %d = %+v; want %+v", i, got, want)
-		}
-		b = rest
 	}
-	if len(b) != 0 {
-		t.Fatalf("%d bytes left over", len(b))
-	}
-	for _, bad := range [][]byte{{}, {0}, {byte(OpExpire + 1), 0}, appendCommand(nil, &sampleCommands[0])[:5]} {
-		if _, _, err := readCommand(bad); err == nil {
+	for _, bad := range [][]byte{{}, {0}, {byte(OpRearm + 1), 0}, appendCommand(nil, &sampleCommands[0])[:5]} {
+		if _, _, err := readCommand(bad, 1); err == nil {
 			t.Errorf("readCommand(%x) = nil error; want errBadCommand", bad)
 		}
 	}
+}
+
+// TestCommandVersions: a record written before commands had a version
+// (version 0: no version byte, no Term, no rearm) still replays; a record
+// of a version this build does not know is ErrVersion, never a misread.
+func TestCommandVersions(t *testing.T) {
+	v0 := appendCommandV0(nil, &sampleCommands[0])
+	v0 = appendCommandV0(v0, &sampleCommands[4])
+	got, err := DecodeBatch(v0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 2 || !reflect.DeepEqual(normal(got[0]), normal(sampleCommands[0])) || !reflect.DeepEqual(normal(got[1]), normal(sampleCommands[4])) {
+		t.Fatalf("version 0 decoded to %+v", got)
+	}
+	// Rearm did not exist in version 0.
+	if _, err := DecodeBatch(appendCommandV0(nil, &Command{Op: OpRearm})); err == nil {
+		t.Error("a version 0 rearm decoded; want an error")
+	}
+	for _, v := range []byte{0x82, 0xff, 0x10} {
+		_, err := DecodeBatch(append([]byte{v}, EncodeBatch(sampleCommands)[1:]...))
+		if !errors.Is(err, ErrVersion) {
+			t.Errorf("version byte 0x%02x: err = %v; want ErrVersion", v, err)
+		}
+	}
+}
+
+// appendCommandV0 is the encoding of fencekv 0.1.0's log, before versions.
+func appendCommandV0(b []byte, c *Command) []byte {
+	v1 := appendCommand(nil, c)
+	// Version 1 is version 0 with Term after Now.
+	_, n := binary.Varint(v1[1:])
+	_, m := binary.Uvarint(v1[1+n:])
+	b = append(b, v1[:1+n]...)
+	return append(b, v1[1+n+m:]...)
 }
 
 // FuzzReadCommand: the log's command decoder never panics, and what it
@@ -67,7 +88,7 @@ func FuzzReadCommand(f *testing.F) {
 	}
 	f.Add([]byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, rest, err := readCommand(b)
+		c, rest, err := readCommand(b, 1)
 		if err != nil {
 			return
 		}
@@ -76,7 +97,7 @@ func FuzzReadCommand(f *testing.F) {
 			// Varints have one shortest form; longer forms decode but
 			// re-encode shorter. Equality of the decoded command is what
 			// matters.
-			c2, _, err := readCommand(again)
+			c2, _, err := readCommand(again, 1)
 			if err != nil || !reflect.DeepEqual(normal(c2), normal(c)) {
 				t.Fatalf("re-encoding %+v gave %+v, %v", c, c2, err)
 			}

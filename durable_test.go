@@ -182,9 +182,9 @@ func TestQueuedAcquireLogsNothing(t *testing.T) {
 	waitFor := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
-		for db.leases.Waiting("L") != n {
+		for db.m.leases.Waiting("L") != n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d waiters; want %d", db.leases.Waiting("L"), n)
+				t.Fatalf("%d waiters; want %d", db.m.leases.Waiting("L"), n)
 			}
 			time.Sleep(time.Millisecond)
 		}

@@ -49,6 +49,7 @@ var (
 	ErrBadRequest    = fence.ErrBadRequest    // is returned when arguments are missing or out of range
 	ErrUnavailable   = fence.ErrUnavailable   // is returned when the DB is closed or failed
 	ErrLimitExceeded = fence.ErrLimitExceeded // is returned when a limit such as MaxWaiters is reached
+	ErrInternal      = fence.ErrInternal      // is returned when a bug (a recovered panic) failed the request
 )
 
 // ErrLocked is returned by Open when another process has the data dir open.

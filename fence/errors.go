@@ -88,6 +88,9 @@ var (
 	ErrUnavailable = &Error{Code: CodeUnavailable}
 	// ErrLimitExceeded is returned when a server-side limit is reached.
 	ErrLimitExceeded = &Error{Code: CodeLimitExceeded}
+	// ErrInternal is returned when the server recovered from a bug (a
+	// panic) while serving the request.
+	ErrInternal = &Error{Code: CodeInternal}
 )
 
 // Errorf returns an *Error with the code and a formatted message.

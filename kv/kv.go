@@ -1,9 +1,11 @@
 // Package kv is fencekv's storage engine: it owns the bbolt file and its
 // layout, and implements the fenced operations on a read-write transaction.
 //
-// The file holds four buckets:
+// The file holds three buckets:
 //
-//	meta   schema version, store-wide revision, last issued token, live key count
+//	meta   schema version, store-wide revision, last issued token, live key
+//	       count, and the state machine's marks: wal_applied (the last log
+//	       index the file reflects) and term (of the last lease re-arm)
 //	keys   key -> record: flags (1 byte), fence (8), revision (8), value
 //	locks  lock name -> lease record (opaque here; encoded by package lease)
 //
@@ -49,7 +51,8 @@ var (
 	metaRevision  = []byte("revision")
 	metaLastToken = []byte("last_token")
 	metaLiveKeys  = []byte("live_keys")
-	metaApplied   = []byte("wal_applied")
+	metaApplied   = []byte("wal_applied") // Marks.Applied (named when only the write-ahead log had indexes)
+	metaTerm      = []byte("term")
 )
 
 const (
@@ -227,16 +230,29 @@ func (s *Store) Publish() {
 	s.ov.set, s.ov.rev, s.ov.last, s.ov.live = true, w.rev, w.lastToken, w.live
 }
 
-// Checkpoint commits the writer to the file (with fsync), recording applied
-// as the last log record it reflects, and empties the overlay. Readers wait
-// while it runs. Nothing happens if no writer is open.
-func (s *Store) Checkpoint(applied uint64) error {
+// Marks are the state machine's own counters, kept in the data file with
+// the data they describe: the last log index the file reflects (the
+// engine's write-ahead log sequence, or the raft index in a cluster) and
+// the term of the last lease re-arm.
+type Marks struct {
+	Applied uint64
+	Term    uint64
+}
+
+// Checkpoint commits the writer to the file (with fsync), recording marks
+// with it, and empties the overlay. Readers wait while it runs. Nothing
+// happens if no writer is open.
+func (s *Store) Checkpoint(marks Marks) error {
 	w := s.w
 	if w == nil {
 		return nil
 	}
 	s.w = nil
-	if err := w.meta.Put(metaApplied, u64(applied)); err != nil {
+	if err := w.meta.Put(metaApplied, u64(marks.Applied)); err != nil {
+		w.Rollback()
+		return err
+	}
+	if err := w.meta.Put(metaTerm, u64(marks.Term)); err != nil {
 		w.Rollback()
 		return err
 	}
@@ -260,15 +276,16 @@ func (s *Store) Abort() {
 	}
 }
 
-// Applied is the last log record the file reflects, as recorded by
-// Checkpoint.
-func (s *Store) Applied() (uint64, error) {
-	var n uint64
+// Marks are the marks the file recorded at its last checkpoint.
+func (s *Store) Marks() (Marks, error) {
+	var m Marks
 	err := s.db.View(func(tx *bolt.Tx) error {
-		n = getU64(tx.Bucket(bucketMeta).Get(metaApplied))
+		meta := tx.Bucket(bucketMeta)
+		m.Applied = getU64(meta.Get(metaApplied))
+		m.Term = getU64(meta.Get(metaTerm))
 		return nil
 	})
-	return n, err
+	return m, err
 }
 
 // Buckets and counters are looked up on first use: most read-only

@@ -90,7 +90,7 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 		t.Fatalf("revision seen by a reader = %d; want 7", rev)
 	}
 
-	if err := s.Checkpoint(42); err != nil {
+	if err := s.Checkpoint(Marks{Applied: 42, Term: 3}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
 	if len(s.ov.keys) != 0 || len(s.ov.locks) != 0 || s.ov.set {
@@ -102,8 +102,8 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 	if got := lockNames(t, s); got != locks {
 		t.Fatalf("after Checkpoint, locks = %q; want %q", got, locks)
 	}
-	if n, err := s.Applied(); err != nil || n != 42 {
-		t.Fatalf("Applied = %d, %v; want 42", n, err)
+	if m, err := s.Marks(); err != nil || m != (Marks{Applied: 42, Term: 3}) {
+		t.Fatalf("Marks = %+v, %v; want {42 3}", m, err)
 	}
 }
 

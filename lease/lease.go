@@ -7,10 +7,10 @@
 // clock, as an offset from an epoch the proposer chose. The same calls with
 // the same times leave the same records, so a replicated log can apply them.
 //
-// Threading: the Apply-side methods (Acquire, Renew, Release, Check, Expire,
-// Rearm, Pop) are called by one goroutine at a time, the engine's batch leader. Next,
-// Due, Waiting, Enqueue, Cancel, Held and Wake may be called from any
-// goroutine.
+// Threading: the apply-side methods (Acquire, Renew, Release, Check,
+// Expire, Rearm, Load, Pop) are called by one goroutine at a time, the one
+// that owns the engine's state machine. Arm, Due, Waiting, Enqueue, Cancel,
+// Held, Wake, Info and List may be called from any goroutine.
 package lease
 
 import (
@@ -316,22 +316,17 @@ func (m *Manager) Expire(st Store, now time.Duration, name string) (freed, chang
 
 // Rearm gives every live lease its full TTL from now, and every lock in
 // lock-delay its full delay from now, and every expired record its full
-// Retention (G7: a failure may extend a lease,
-// never shorten it). It rebuilds the deadline index and the held count. It
-// is applied once when a store is opened, and when a node becomes leader.
+// Retention (G7: a failure may extend a lease, never shorten it). It
+// rebuilds the deadline index and the held count. The engine applies it as
+// a command (logged, and in a cluster replicated) when a store is opened
+// and when a node becomes leader.
 func (m *Manager) Rearm(st Store, now time.Duration) error {
 	type change struct {
 		name string
 		rec  Record
 	}
 	var changes []change
-	var bad error
-	st.Locks(nil, nil, func(name, raw []byte) bool {
-		r, err := unmarshal(raw)
-		if err != nil {
-			bad = fmt.Errorf("lock %q: %w", name, err)
-			return false
-		}
+	err := each(st, func(name string, r Record) {
 		switch {
 		case !r.Expired:
 			r.Deadline = now + r.TTL
@@ -340,31 +335,62 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 		default:
 			r.ForgetAt = now + Retention
 		}
-		changes = append(changes, change{string(name), r})
-		return true
+		changes = append(changes, change{name, r})
 	})
-	if bad != nil {
-		return bad
+	if err != nil {
+		return err
 	}
-	m.mu.Lock()
-	m.idx = newIndex()
-	m.held = 0
-	m.mu.Unlock()
+	m.reset()
 	for _, c := range changes {
 		if err := store(st, c.name, &c.rec); err != nil {
 			return err
 		}
-		switch {
-		case c.rec.Expired && c.rec.DelayUntil != 0:
-			m.setDue(c.name, c.rec.DelayUntil)
-		case c.rec.Expired:
-			m.setDue(c.name, c.rec.ForgetAt)
-		default:
-			m.addHeld(1)
-			m.setDue(c.name, c.rec.Deadline)
-		}
+		m.index(c.name, &c.rec)
 	}
 	return nil
+}
+
+// Load rebuilds the deadline index and the held count from the records as
+// they are, changing nothing. Called when a state machine is opened or
+// restored, before it applies anything.
+func (m *Manager) Load(st Store) error {
+	m.reset()
+	return each(st, func(name string, r Record) { m.index(name, &r) })
+}
+
+// each calls fn for every lock record, in name order.
+func each(st Store, fn func(name string, r Record)) error {
+	var bad error
+	st.Locks(nil, nil, func(name, raw []byte) bool {
+		r, err := unmarshal(raw)
+		if err != nil {
+			bad = fmt.Errorf("lock %q: %w", name, err)
+			return false
+		}
+		fn(string(name), r)
+		return true
+	})
+	return bad
+}
+
+func (m *Manager) reset() {
+	m.mu.Lock()
+	m.idx = newIndex()
+	m.held = 0
+	m.mu.Unlock()
+}
+
+// index puts a record's next due time in the index, and counts it if held.
+func (m *Manager) index(name string, r *Record) {
+	switch {
+	case r.Expired && r.DelayUntil != 0:
+		m.setDue(name, r.DelayUntil)
+	case r.Expired:
+		m.setDue(name, r.ForgetAt)
+	default:
+		m.addHeld(1)
+		m.setDue(name, r.Deadline)
+	}
 }
 
 // Info describes the lock name at now. It reads only, so it may run in a
@@ -396,8 +422,12 @@ func (m *Manager) info(name string, r Record, ok bool, now time.Duration) Info {
 }
 
 // List describes up to limit locks held at now whose names start with
-// prefix, in byte order of their names, starting at start.
-func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit int) (out []Info, more bool, err error) {
+// prefix, in byte order of their names, starting at start. It stops early,
+// with more set, once the names and holders listed add up to maxBytes (at
+// least one lock is listed), so that one answer stays small however long
+// the names are.
+func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit, maxBytes int) (out []Info, more bool, err error) {
+	size := 0
 	st.Locks([]byte(prefix), []byte(start), func(name, raw []byte) bool {
 		r, e := unmarshal(raw)
 		if e != nil {
@@ -407,10 +437,12 @@ func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit 
 		if !r.held(now) {
 			return true
 		}
-		if len(out) == limit {
+		n := len(name) + len(r.Holder)
+		if len(out) == limit || (len(out) > 0 && size+n > maxBytes) {
 			more = true
 			return false
 		}
+		size += n
 		out = append(out, m.info(string(name), r, true, now))
 		return true
 	})

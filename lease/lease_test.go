@@ -557,12 +557,12 @@ func TestList(t *testing.T) {
 		mustAcquire(t, s, m, 0, Request{Name: n, TTL: time.Second})
 	}
 	mustAcquire(t, s, m, 0, Request{Name: "j/0", TTL: 100 * time.Millisecond}) // expired at 500ms
-	list := func(prefix, start string, limit int) (string, bool) {
+	list := func(prefix, start string, limit, maxBytes int) (string, bool) {
 		var out []Info
 		var more bool
 		err := s.View(func(tx *kv.Tx) error {
 			var err error
-			out, more, err = m.List(tx, 500*time.Millisecond, prefix, start, limit)
+			out, more, err = m.List(tx, 500*time.Millisecond, prefix, start, limit, maxBytes)
 			return err
 		})
 		if err != nil {
@@ -579,20 +579,23 @@ func TestList(t *testing.T) {
 	}
 	tests := []struct {
 		prefix, start string
-		limit         int
+		limit, bytes  int
 		want          string
 		more          bool
 	}{
-		{"", "", 100, "[a j/1 j/2 j/3 k]", false},
-		{"j/", "", 100, "[j/1 j/2 j/3]", false},
-		{"j/", "", 2, "[j/1 j/2]", true},
-		{"j/", "j/2", 100, "[j/2 j/3]", false},
-		{"j/", "", 3, "[j/1 j/2 j/3]", false},
+		{"", "", 100, 1 << 20, "[a j/1 j/2 j/3 k]", false},
+		{"j/", "", 100, 1 << 20, "[j/1 j/2 j/3]", false},
+		{"j/", "", 2, 1 << 20, "[j/1 j/2]", true},
+		{"j/", "j/2", 100, 1 << 20, "[j/2 j/3]", false},
+		{"j/", "", 3, 1 << 20, "[j/1 j/2 j/3]", false},
+		// Pages by bytes too: names of 3 bytes, no holders.
+		{"j/", "", 100, 6, "[j/1 j/2]", true},
+		{"j/", "", 100, 1, "[j/1]", true}, // at least one
 	}
 	for _, tt := range tests {
-		got, more := list(tt.prefix, tt.start, tt.limit)
+		got, more := list(tt.prefix, tt.start, tt.limit, tt.bytes)
 		if got != tt.want || more != tt.more {
-			t.Errorf("List(%q, %q, %d) = %s, more %v; want %s, more %v", tt.prefix, tt.start, tt.limit, got, more, tt.want, tt.more)
+			t.Errorf("List(%q, %q, %d, %d) = %s, more %v; want %s, more %v", tt.prefix, tt.start, tt.limit, tt.bytes, got, more, tt.want, tt.more)
 		}
 	}
 }

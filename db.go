@@ -1,0 +1,195 @@
+package fencekv
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/wal"
+)
+
+// DB is an open fencekv engine on one node: the state machine (Machine)
+// driven by its own write-ahead log, with group commit (batch.go), the
+// durable path (commit.go) and the expiry loop (expiry.go). Its methods
+// are safe for concurrent use.
+//
+// The single node keeps its own log rather than raft's: one fdatasync of
+// one appended record per batch, and the data file brought up to date
+// only at checkpoints. A one-node raft would add a second log write per
+// batch (raft's log store is itself a bbolt file with its own commits).
+type DB struct {
+	opts  Options
+	log   *slog.Logger
+	clock Clock
+	epoch time.Time
+
+	// m is the state machine. Its write side is used by the batch leader
+	// only (and by Open and Close, before and after any leader).
+	m *Machine
+
+	qmu     sync.Mutex // guards pending, leading, closed
+	qidle   sync.Cond  // signalled (with qmu) when leading ends
+	pending []*request // submitted, not yet taken into a batch, oldest first
+	leading bool       // a goroutine is the leader: it alone applies batches
+	closed  bool
+
+	stop chan struct{} // closed by Close: stops the expiry loop
+	wg   sync.WaitGroup
+
+	wal *wal.Log // the write-ahead log; used only by the leader (and Open, Close)
+
+	// Owned by the leader (see lead):
+	gather    bool // the last batch had company: yield before taking the next
+	batch     []*request
+	seq       uint64    // the last log record written
+	rec       []byte    // the log record being built for the current batch
+	logged    int       // commands in rec
+	sinceCkpt int       // log records since the last checkpoint
+	lastCkpt  time.Time // when the last checkpoint ended, by the real clock (an I/O policy, not lease time)
+
+	// beforeSync, if set (by tests), runs between appending a batch's log
+	// record and syncing it; an error fails the sync.
+	beforeSync func() error
+
+	mu     sync.Mutex // guards failed
+	failed error      // set when a batch could not be applied or made durable; writes are refused after
+
+	commits     atomic.Uint64
+	commands    atomic.Uint64
+	syncNanos   atomic.Int64 // time spent writing and syncing log records
+	checkpoints atomic.Uint64
+	ckptNanos   atomic.Int64 // time spent in checkpoints
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+// Open opens the data dir (creating it if needed), replays the log records
+// its data file does not reflect yet, and starts the expiry loop. It fails
+// with ErrLocked when another process has the dir open, and with
+// ErrSchema for a file of another schema version. Every live lease gets
+// its full TTL again (G7), by a rearm command logged like any other.
+func Open(dir string, opts *Options) (*DB, error) {
+	o := DefaultOptions()
+	if opts != nil {
+		o = *opts
+	}
+	if err := o.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(dir, 0o700); err != nil {
+		return nil, fmt.Errorf("fencekv: data dir: %w", err)
+	}
+	m, err := OpenMachine(filepath.Join(dir, DataFile), o.NoSync)
+	if err != nil {
+		return nil, err
+	}
+	// The data file's lock (taken by kv.Open) also guards the log.
+	log, recs, err := wal.Open(filepath.Join(dir, LogFile))
+	if err != nil {
+		m.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	db := &DB{
+		opts:  o,
+		log:   o.Logger,
+		clock: o.Clock,
+		m:     m,
+		wal:   log,
+		stop:  make(chan struct{}),
+	}
+	db.qidle.L = &db.qmu
+	if db.log == nil {
+		db.log = slog.New(slog.DiscardHandler)
+	}
+	if db.clock == nil {
+		db.clock = realClock{}
+	}
+	db.epoch = db.clock.Now()
+	if err := db.replay(recs); err != nil {
+		m.Close()
+		log.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	db.lastCkpt = time.Now()
+	if r := db.exec(context.Background(), Command{Op: OpRearm}); r.Err != nil {
+		db.Close()
+		return nil, fmt.Errorf("fencekv: open: re-arming leases: %w", r.Err)
+	}
+	db.wg.Add(1)
+	go db.expiryLoop()
+	return db, nil
+}
+
+// Close stops accepting commands, lets the leader answer every command
+// already submitted, fails queued waiters with ErrUnavailable, and closes
+// the file. It returns even after a failure. It is safe to call more than
+// once; later calls return the first call's result.
+func (db *DB) Close() error {
+	db.closeOnce.Do(func() {
+		// Apply expiries already due, so that a lease that ran out before
+		// a clean Close does not come back, re-armed, after Open.
+		db.expireDue(db.now())
+		db.qmu.Lock()
+		db.closed = true
+		for db.leading || len(db.pending) > 0 {
+			db.qidle.Wait()
+		}
+		db.qmu.Unlock()
+		db.drainWaiters()
+		close(db.stop)
+		db.wg.Wait()
+		var ckpt error
+		if db.failure() == nil {
+			ckpt = db.checkpoint()
+		}
+		db.closeErr = errors.Join(ckpt, db.m.Close(), db.wal.Close())
+	})
+	return db.closeErr
+}
+
+// now is the engine's time: the monotonic offset since Open.
+func (db *DB) now() time.Duration { return db.clock.Now().Sub(db.epoch) }
+
+var errClosed = errorf(CodeUnavailable, "the database is closed")
+
+// fail puts the DB in its failed state after a batch could not be applied
+// or made durable: the machine discards the batch, and every later write
+// is refused with ErrUnavailable at once. What was acknowledged is durable
+// in the log; a restart replays it. Reads go on serving what was
+// acknowledged. Called by the leader.
+func (db *DB) fail(err error) {
+	var pe *panicError
+	if errors.As(err, &pe) {
+		db.log.Error("the store failed; refusing writes until restart", "err", err, "stack", string(pe.stack))
+	} else {
+		db.log.Error("the store failed; refusing writes until restart", "err", err)
+	}
+	db.m.Fail(err)
+	db.mu.Lock()
+	if db.failed == nil {
+		db.failed = err
+	}
+	db.mu.Unlock()
+}
+
+// failure returns the error that failed the DB, or nil.
+func (db *DB) failure() error {
+	db.mu.Lock()
+	defer db.mu.Unlock()
+	return db.failed
+}
+
+// view runs fn in a read-only transaction. It sees every acknowledged
+// command and nothing that is not yet durable: the machine publishes a
+// batch to readers only after its log record is synced.
+func (db *DB) view(fn func(tx *kv.Tx, now time.Duration) error) error {
+	return db.m.view(db.now(), fn)
+}

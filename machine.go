@@ -1,0 +1,277 @@
+package fencekv
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"runtime/debug"
+	"time"
+
+	"github.com/fencekv/fencekv/fence"
+	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/lease"
+)
+
+// Machine is fencekv's state machine: the data file (keys, fences,
+// revisions, the token sequence) and the leases, changed only by Apply,
+// one Command after another (G5). A log drives it: the single node's
+// write-ahead log (see DB), or a replicated log in a cluster, whose FSM
+// applies each committed entry's commands.
+//
+// Apply is deterministic in (state, command): time and term are fields of
+// the command, set by the node that proposed it. Applying the same commands
+// in the same order gives the same state on every node and on replay.
+//
+// Batches: Apply works on one open bbolt transaction that spans many
+// commands. Publish(index) ends a batch: its changes become visible to
+// readers and index becomes Applied. Call it only once the batch is durable
+// (the single node: after its log record is synced; a cluster: raft
+// commits before it applies). Checkpoint writes everything published to
+// the data file with the applied index, so a reopened machine knows which
+// log entries it still has to apply.
+//
+// Failure: a command that fails in the storage (an I/O error, a damaged
+// page) or panics fails the machine: the open batch is discarded (nothing
+// of it is visible), and every later Apply returns the same error. What
+// was published stays readable. A failed machine recovers only by being
+// reopened (the log replays what the data file lacks).
+//
+// Threading: one goroutine at a time owns the write side (Apply, Publish,
+// Checkpoint, Snapshot, Restore, Close): the single node's batch leader,
+// or raft's FSM goroutine. View runs concurrently with it, from any
+// goroutine.
+type Machine struct {
+	path   string
+	store  *kv.Store
+	leases *lease.Manager
+	opts   kv.Options
+
+	applied uint64 // the last log index published
+	term    uint64 // the term of the last rearm: expiries from an older term are ignored
+	failed  error  // set when a command failed in the storage or panicked
+
+	// hook, if set (by tests), runs before each command is applied; a
+	// panic in it is a panic in apply.
+	hook func(*Command)
+}
+
+// OpenMachine opens (or creates) the data file at path and rebuilds the
+// lease index from it. Applied reports the last log index the file holds.
+func OpenMachine(path string, noSync bool) (*Machine, error) {
+	m := &Machine{path: path, opts: kv.Options{NoSync: noSync}, leases: lease.NewManager()}
+	if err := m.open(); err != nil {
+		return nil, err
+	}
+	return m, nil
+}
+
+func (m *Machine) open() error {
+	store, err := kv.Open(m.path, m.opts)
+	if err != nil {
+		return err
+	}
+	marks, err := store.Marks()
+	if err == nil {
+		err = store.View(func(tx *kv.Tx) error { return m.leases.Load(tx) })
+	}
+	if err != nil {
+		store.Close()
+		return fmt.Errorf("fencekv: open %s: %w", m.path, err)
+	}
+	m.store, m.applied, m.term, m.failed = store, marks.Applied, marks.Term, nil
+	return nil
+}
+
+// Applied is the log index of the last published batch.
+func (m *Machine) Applied() uint64 { return m.applied }
+
+// Term is the term of the last rearm applied.
+func (m *Machine) Term() uint64 { return m.term }
+
+// Failed returns the error that failed the machine, or nil.
+func (m *Machine) Failed() error { return m.failed }
+
+// Apply applies c to the open batch and returns its result: a refusal is
+// Result.Err, and changes nothing. err is not nil when the machine failed
+// (now or before): then nothing of the open batch will ever be visible,
+// and the caller must fail the whole batch.
+func (m *Machine) Apply(c *Command) (res Result, err error) {
+	if m.failed != nil {
+		return Result{}, m.failed
+	}
+	defer func() {
+		if p := recover(); p != nil {
+			err = m.fail(fmt.Errorf("fencekv: applying %v: %w", c.Op, &panicError{p, debug.Stack()}))
+		}
+	}()
+	tx, err := m.store.Writer()
+	if err != nil {
+		return Result{}, m.fail(err)
+	}
+	if m.hook != nil {
+		m.hook(c)
+	}
+	res = m.apply(tx, c)
+	if res.Err != nil && !isRefusal(res.Err) {
+		return Result{}, m.fail(fmt.Errorf("fencekv: applying %v: %w", c.Op, res.Err))
+	}
+	return res, nil
+}
+
+// fail discards the open batch and fails the machine with err.
+func (m *Machine) fail(err error) error {
+	m.store.Abort()
+	m.failed = err
+	return err
+}
+
+// Fail fails the machine from outside: the caller could not make the open
+// batch durable (its log failed). The batch is discarded.
+func (m *Machine) Fail(err error) {
+	if m.failed == nil {
+		m.fail(err)
+	}
+}
+
+func isRefusal(err error) bool {
+	var e *fence.Error
+	return errors.As(err, &e)
+}
+
+// apply is the state machine's one transition function. A refused
+// command changes nothing: every check comes before the first write.
+func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
+	leases := m.leases
+	switch c.Op {
+	case OpPut, OpDelete, OpCAS, OpIncr:
+		if c.Lock != "" {
+			if err := leases.Check(tx, c.Now, c.Lock, c.Write.Token); err != nil {
+				r.Err = err
+				return r
+			}
+		}
+	}
+	switch c.Op {
+	case OpPut:
+		r.Entry, r.Err = tx.Put(c.Key, c.Value, c.Write)
+	case OpDelete:
+		r.Deleted, r.Entry, r.Err = tx.Delete(c.Key, c.Write)
+	case OpCAS:
+		r.Entry, r.Err = tx.CAS(c.Key, c.Revision, c.Value, c.Write)
+	case OpIncr:
+		r.Int, r.Entry, r.Err = tx.Incr(c.Key, c.Delta, c.Write)
+	case OpAcquire:
+		r.Grant, r.Err = leases.Acquire(tx, c.Now, c.Lease)
+	case OpRenew:
+		r.TTL, r.Err = leases.Renew(tx, c.Now, c.Lease.Name, c.Token)
+	case OpRelease:
+		r.Err = leases.Release(tx, c.Now, c.Lease.Name, c.Token)
+		r.Freed = r.Err == nil
+	case OpExpire:
+		if c.Term < m.term {
+			// Proposed by a leader of an older term, against deadlines
+			// a newer leader has since re-armed on its own clock.
+			r.Noop = true
+			return r
+		}
+		var changed bool
+		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
+		r.Noop = !changed
+	case OpRearm:
+		r.Err = leases.Rearm(tx, c.Now)
+		if r.Err == nil {
+			m.term = max(m.term, c.Term)
+		}
+	default:
+		r.Err = fence.Errorf(fence.CodeBadRequest, "unknown command %d", c.Op)
+	}
+	return r
+}
+
+// Publish ends the batch at log index: what it applied becomes visible to
+// readers. Call it only once the batch is durable.
+func (m *Machine) Publish(index uint64) {
+	if m.failed != nil {
+		return
+	}
+	m.store.Publish()
+	m.applied = index
+}
+
+// Checkpoint writes every published batch to the data file, with the
+// applied index and term, and syncs it. Call it between batches.
+func (m *Machine) Checkpoint() error {
+	if m.failed != nil {
+		return m.failed
+	}
+	if err := m.store.Checkpoint(kv.Marks{Applied: m.applied, Term: m.term}); err != nil {
+		return m.fail(fmt.Errorf("fencekv: checkpoint: %w", err))
+	}
+	return nil
+}
+
+// Snapshot checkpoints, then returns a consistent copy of the state as of
+// Applied. Its WriteTo may run concurrently with later batches; Close it
+// when done.
+func (m *Machine) Snapshot() (*Snapshot, error) {
+	if err := m.Checkpoint(); err != nil {
+		return nil, err
+	}
+	s, err := m.store.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshot{Index: m.applied, Term: m.term, snap: s}, nil
+}
+
+// Snapshot is a consistent copy of a Machine's state.
+type Snapshot struct {
+	Index uint64 // the last log index it reflects
+	Term  uint64 // the machine's term then
+	snap  *kv.Snapshot
+}
+
+// Size is the snapshot's length in bytes.
+func (s *Snapshot) Size() int64 { return s.snap.Size() }
+
+// WriteTo writes the snapshot (a complete data file) to w.
+func (s *Snapshot) WriteTo(w io.Writer) (int64, error) { return s.snap.WriteTo(w) }
+
+// Close releases the snapshot.
+func (s *Snapshot) Close() error { return s.snap.Close() }
+
+// Restore replaces the machine's whole state with a snapshot read from r
+// (as Snapshot.WriteTo wrote it). A damaged or truncated snapshot is
+// refused, and the machine keeps its state. On success Applied and Term
+// are the snapshot's.
+func (m *Machine) Restore(r io.Reader) error {
+	if m.failed == nil {
+		// Keep what was published if the snapshot is refused.
+		if err := m.Checkpoint(); err != nil {
+			return err
+		}
+	}
+	m.store.Abort()
+	if err := m.store.Close(); err != nil {
+		return err
+	}
+	rerr := kv.Restore(m.path, r)
+	if err := m.open(); err != nil {
+		return errors.Join(rerr, err)
+	}
+	return rerr
+}
+
+// Close closes the data file, discarding what was not checkpointed.
+func (m *Machine) Close() error { return m.store.Close() }
+
+// view runs fn in a read-only transaction; now is the reader's time. It
+// sees every published batch and nothing else.
+func (m *Machine) view(now time.Duration, fn func(tx *kv.Tx, now time.Duration) error) error {
+	tx, err := m.store.Begin(false)
+	if err != nil {
+		return fence.Errorf(fence.CodeUnavailable, "%v", err)
+	}
+	defer tx.Rollback()
+	return fn(tx, now)
+}

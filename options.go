@@ -1,0 +1,77 @@
+package fencekv
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/fencekv/fencekv/kv"
+)
+
+// Options configure a DB. Use DefaultOptions and change what you need; a
+// nil *Options to Open means the defaults.
+type Options struct {
+	Clock  Clock        // nil: the real clock
+	Logger *slog.Logger // nil: discard
+
+	// NoSync skips fsync of the log and the data file. It breaks G6; for
+	// tests only.
+	NoSync bool
+
+	MaxKeySize   int           // bytes; also the limit for lock names and holders
+	MaxValueSize int           // bytes
+	MinTTL       time.Duration // shortest lease
+	MaxTTL       time.Duration // longest lease
+	MaxLockDelay time.Duration
+	MaxWait      time.Duration // longest wait of a blocking acquire
+	MaxWaiters   int           // callers queued for locks, store-wide
+	MaxScan      int           // most items one Scan or Locks returns
+	MaxScanBytes int           // a Scan or Locks page stops after about this many bytes
+	MaxBatch     int           // most commands in one transaction
+
+	// CheckpointEvery and CheckpointBytes say how often the data file is
+	// brought up to date with the write-ahead log (and the log emptied):
+	// after this much time with writes, or this many bytes of log.
+	CheckpointEvery time.Duration
+	CheckpointBytes int64
+}
+
+// DefaultOptions returns the defaults documented in README.md.
+func DefaultOptions() Options {
+	return Options{
+		MaxKeySize:   4 << 10,
+		MaxValueSize: 1 << 20,
+		MinTTL:       100 * time.Millisecond,
+		MaxTTL:       time.Hour,
+		MaxLockDelay: time.Hour,
+		MaxWait:      time.Hour,
+		MaxWaiters:   100_000,
+		MaxScan:      10_000,
+		MaxScanBytes: 2 << 20,
+		MaxBatch:     1024,
+
+		CheckpointEvery: 200 * time.Millisecond,
+		CheckpointBytes: 16 << 20,
+	}
+}
+
+func (o *Options) validate() error {
+	switch {
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0:
+		return errors.New("fencekv: size limits must be positive")
+	case o.MaxKeySize > kv.MaxKeySize:
+		// A key or lock name the storage cannot hold would fail in the
+		// middle of a batch, not be refused before it.
+		return fmt.Errorf("fencekv: MaxKeySize %d is over the storage's limit of %d bytes", o.MaxKeySize, kv.MaxKeySize)
+	case o.MaxValueSize > kv.MaxValueSize-o.MaxKeySize:
+		return fmt.Errorf("fencekv: MaxValueSize %d is over the storage's limit of %d bytes", o.MaxValueSize, kv.MaxValueSize-o.MaxKeySize)
+	case o.MinTTL <= 0 || o.MaxTTL < o.MinTTL:
+		return fmt.Errorf("fencekv: bad TTL range %v..%v", o.MinTTL, o.MaxTTL)
+	case o.CheckpointEvery <= 0 || o.CheckpointBytes <= 0:
+		return errors.New("fencekv: CheckpointEvery and CheckpointBytes must be positive")
+	case o.MaxLockDelay < 0 || o.MaxWait < 0 || o.MaxWaiters < 0:
+		return errors.New("fencekv: MaxLockDelay, MaxWait and MaxWaiters must not be negative")
+	}
+	return nil
+}
