@@ -36,49 +36,10 @@ type WriteResult struct {
 	Revision Revision
 }
 
-func (db *DB) checkKey(key []byte) error {
-	switch {
-	case len(key) == 0:
-		return errorf(CodeBadRequest, "key is empty")
-	case len(key) > db.opts.MaxKeySize:
-		return errorf(CodeTooLarge, "key is %d bytes, over the limit of %d", len(key), db.opts.MaxKeySize)
-	}
-	return nil
-}
-
-func (db *DB) checkWrite(key, value []byte, w WriteOptions) error {
-	if err := db.checkKey(key); err != nil {
-		return err
-	}
-	if len(value) > db.opts.MaxValueSize {
-		return errorf(CodeTooLarge, "value is %d bytes, over the limit of %d", len(value), db.opts.MaxValueSize)
-	}
-	if w.Strict && w.Token == 0 {
-		return errorf(CodeBadRequest, "strict needs a token")
-	}
-	if w.Lock != "" {
-		if w.Token == 0 {
-			return errorf(CodeBadRequest, "a held write (lock %q) needs the lock's token", w.Lock)
-		}
-		return db.checkName(w.Lock)
-	}
-	return nil
-}
-
-func (db *DB) checkName(name string) error {
-	switch {
-	case name == "":
-		return errorf(CodeBadRequest, "lock name is empty")
-	case len(name) > db.opts.MaxKeySize:
-		return errorf(CodeTooLarge, "lock name is %d bytes, over the limit of %d", len(name), db.opts.MaxKeySize)
-	}
-	return nil
-}
-
 func (w WriteOptions) kv() kv.Write { return kv.Write{Token: w.Token, Strict: w.Strict} }
 
 func (db *DB) write(ctx context.Context, c Command, w WriteOptions) Result {
-	if err := db.checkWrite(c.Key, c.Value, w); err != nil {
+	if err := db.opts.CheckWrite(c.Key, c.Value, w); err != nil {
 		return Result{Err: err}
 	}
 	c.Write, c.Lock = w.kv(), w.Lock
@@ -123,15 +84,10 @@ func (db *DB) Incr(ctx context.Context, key []byte, delta int64, w WriteOptions)
 // Get reads key. A missing key is not an error: Found is false, and Fence
 // still reports a deleted key's fence.
 func (db *DB) Get(ctx context.Context, key []byte) (Entry, error) {
-	if err := db.checkKey(key); err != nil {
+	if err := db.opts.CheckKey(key); err != nil {
 		return Entry{}, err
 	}
-	var e kv.Entry
-	err := db.view(func(tx *kv.Tx, _ time.Duration) error {
-		e = tx.Get(key)
-		return nil
-	})
-	return Entry(e), err
+	return db.m.Get(key)
 }
 
 // ScanOptions select the keys of a Scan.
@@ -144,32 +100,11 @@ type ScanOptions struct {
 // Scan returns live keys in byte order. more reports that further keys
 // match; it is also set when the page stopped at MaxScanBytes.
 func (db *DB) Scan(ctx context.Context, o ScanOptions) (items []Entry, more bool, err error) {
-	limit, err := db.limit(o.Limit)
+	limit, err := db.opts.Limit(o.Limit)
 	if err != nil {
 		return nil, false, err
 	}
-	err = db.view(func(tx *kv.Tx, _ time.Duration) error {
-		es, m := tx.Scan(o.Prefix, o.Start, limit, db.opts.MaxScanBytes)
-		items = make([]Entry, len(es))
-		for i, e := range es {
-			items[i] = Entry(e)
-		}
-		more = m
-		return nil
-	})
-	return items, more, err
-}
-
-func (db *DB) limit(n int) (int, error) {
-	switch {
-	case n < 0:
-		return 0, errorf(CodeBadRequest, "limit %d is negative", n)
-	case n == 0:
-		return min(1000, db.opts.MaxScan), nil
-	case n > db.opts.MaxScan:
-		return 0, errorf(CodeBadRequest, "limit %d is over the maximum of %d", n, db.opts.MaxScan)
-	}
-	return n, nil
+	return db.m.Scan(o, limit, db.opts.MaxScanBytes)
 }
 
 // AcquireOptions tune Acquire. The zero value takes the lock only if it is
@@ -200,7 +135,7 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 	if o != nil {
 		ao = *o
 	}
-	if err := db.checkAcquire(name, ttl, ao); err != nil {
+	if err := db.opts.CheckAcquire(name, ttl, ao); err != nil {
 		return Lease{}, err
 	}
 	r := newRequest(Command{Op: OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
@@ -216,23 +151,6 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 		return Lease{Name: name, Token: r.res.Grant.Token, TTL: r.res.Grant.TTL}, nil
 	}
 	return db.awaitGrant(ctx, r.waiter, ao.Wait)
-}
-
-func (db *DB) checkAcquire(name string, ttl time.Duration, o AcquireOptions) error {
-	if err := db.checkName(name); err != nil {
-		return err
-	}
-	switch {
-	case ttl < db.opts.MinTTL || ttl > db.opts.MaxTTL:
-		return errorf(CodeBadRequest, "ttl %v is outside %v..%v", ttl, db.opts.MinTTL, db.opts.MaxTTL)
-	case o.Wait < 0 || o.Wait > db.opts.MaxWait:
-		return errorf(CodeBadRequest, "wait %v is outside 0..%v", o.Wait, db.opts.MaxWait)
-	case o.LockDelay < 0 || o.LockDelay > db.opts.MaxLockDelay:
-		return errorf(CodeBadRequest, "lock delay %v is outside 0..%v", o.LockDelay, db.opts.MaxLockDelay)
-	case len(o.Holder) > db.opts.MaxKeySize:
-		return errorf(CodeTooLarge, "holder is %d bytes, over the limit of %d", len(o.Holder), db.opts.MaxKeySize)
-	}
-	return nil
 }
 
 // awaitGrant waits for a queued acquire's turn, its wait limit, or ctx.
@@ -302,7 +220,7 @@ func (db *DB) lockHeld(name string) error {
 // idempotent; a retry is always safe. A lease that ran out is
 // ErrLeaseExpired; a lock held by another token (or free) is ErrNotHolder.
 func (db *DB) Renew(ctx context.Context, name string, token Token) (time.Duration, error) {
-	if err := db.checkName(name); err != nil {
+	if err := db.opts.CheckName(name); err != nil {
 		return 0, err
 	}
 	r := db.exec(ctx, Command{Op: OpRenew, Lease: lease.Request{Name: name}, Token: token})
@@ -312,7 +230,7 @@ func (db *DB) Renew(ctx context.Context, name string, token Token) (time.Duratio
 // Release frees the lock if token holds it, and hands it to the next
 // waiter. There is no lock-delay after a clean release.
 func (db *DB) Release(ctx context.Context, name string, token Token) error {
-	if err := db.checkName(name); err != nil {
+	if err := db.opts.CheckName(name); err != nil {
 		return err
 	}
 	return db.exec(ctx, Command{Op: OpRelease, Lease: lease.Request{Name: name}, Token: token}).Err
@@ -324,31 +242,20 @@ type LockInfo = lease.Info
 
 // LockInfo describes the lock name now.
 func (db *DB) LockInfo(ctx context.Context, name string) (LockInfo, error) {
-	if err := db.checkName(name); err != nil {
+	if err := db.opts.CheckName(name); err != nil {
 		return LockInfo{}, err
 	}
-	var in LockInfo
-	err := db.view(func(tx *kv.Tx, now time.Duration) error {
-		var err error
-		in, err = db.m.leases.Info(tx, now, name)
-		return err
-	})
-	return in, err
+	return db.m.LockInfo(db.now(), name)
 }
 
 // Locks lists up to limit held locks whose names start with prefix, in
 // byte order, from start (inclusive).
 func (db *DB) Locks(ctx context.Context, prefix, start string, limit int) (locks []LockInfo, more bool, err error) {
-	limit, err = db.limit(limit)
+	limit, err = db.opts.Limit(limit)
 	if err != nil {
 		return nil, false, err
 	}
-	err = db.view(func(tx *kv.Tx, now time.Duration) error {
-		var err error
-		locks, more, err = db.m.leases.List(tx, now, prefix, start, limit, db.opts.MaxScanBytes)
-		return err
-	})
-	return locks, more, err
+	return db.m.Locks(db.now(), prefix, start, limit, db.opts.MaxScanBytes)
 }
 
 // Status describes the store.
@@ -366,14 +273,23 @@ type Status struct {
 	Checkpoints    uint64        // checkpoints of the log into the data file since Open
 	CheckpointTime time.Duration // total time in checkpoints, since Open
 	DataSize       int64         // bytes in the data file
+
+	// Where this node stands: Role is "single" for a node without a
+	// cluster, else "leader", "follower" or "candidate"; the rest are
+	// set in a cluster only.
+	Role         string
+	Node         string // the node's name
+	Leader       string // the leader's client address, "" if none is known
+	Term         uint64
+	CommitIndex  uint64
+	AppliedIndex uint64
 }
 
 // Status reads the store's counters.
 func (db *DB) Status(ctx context.Context) (Status, error) {
 	s := Status{
 		Version: Version,
-		Locks:   db.m.leases.Held(),
-		Waiters: db.m.leases.TotalWaiting(),
+		Role:    "single",
 		Commits: db.commits.Load(),
 
 		SyncTime:       time.Duration(db.syncNanos.Load()),
@@ -381,11 +297,7 @@ func (db *DB) Status(ctx context.Context) (Status, error) {
 		CheckpointTime: time.Duration(db.ckptNanos.Load()),
 		Commands:       db.commands.Load(),
 	}
-	err := db.view(func(tx *kv.Tx, _ time.Duration) error {
-		s.LastToken, s.Revision, s.Keys, s.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()
-		return nil
-	})
-	return s, err
+	return s, db.m.Counters(&s)
 }
 
 // Limits returns the options in force, for servers that advertise them.

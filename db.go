@@ -11,7 +11,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/fencekv/fencekv/kv"
 	"github.com/fencekv/fencekv/wal"
 )
 
@@ -185,11 +184,4 @@ func (db *DB) failure() error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	return db.failed
-}
-
-// view runs fn in a read-only transaction. It sees every acknowledged
-// command and nothing that is not yet durable: the machine publishes a
-// batch to readers only after its log record is synced.
-func (db *DB) view(fn func(tx *kv.Tx, now time.Duration) error) error {
-	return db.m.view(db.now(), fn)
 }

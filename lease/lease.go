@@ -529,6 +529,21 @@ func (m *Manager) dropIfEmpty(name string, q *queue) {
 	}
 }
 
+// Requeue puts w, popped but not granted (the lock was taken before its
+// grant could be applied), back at the head of its queue, waiting again.
+func (m *Manager) Requeue(w *Waiter) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	w.state.Store(waiting)
+	q := m.waiters[w.Req.Name]
+	if q == nil {
+		q = &queue{}
+		m.waiters[w.Req.Name] = q
+	}
+	q.ws = append([]*Waiter{w}, q.ws...)
+	m.nwait++
+}
+
 // Cancel takes w out of its queue. It returns false if w was already popped:
 // then an outcome is coming on Done, and the caller must wait for it.
 func (m *Manager) Cancel(w *Waiter) bool {

@@ -1,0 +1,107 @@
+package fencekv
+
+import (
+	"time"
+
+	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/lease"
+)
+
+// The machine's read side. Each read runs in its own read-only
+// transaction, concurrently with the write side, and sees every published
+// batch and nothing else. Arguments are checked by the caller (Options'
+// Check methods). now is the reader's time, on the clock the leases were
+// last re-armed on.
+
+// Get reads key.
+func (m *Machine) Get(key []byte) (Entry, error) {
+	var e kv.Entry
+	err := m.view(0, func(tx *kv.Tx, _ time.Duration) error {
+		e = tx.Get(key)
+		return nil
+	})
+	return Entry(e), err
+}
+
+// Scan returns up to limit live keys from o, in byte order, stopping
+// after about maxBytes.
+func (m *Machine) Scan(o ScanOptions, limit, maxBytes int) (items []Entry, more bool, err error) {
+	err = m.view(0, func(tx *kv.Tx, _ time.Duration) error {
+		es, mr := tx.Scan(o.Prefix, o.Start, limit, maxBytes)
+		items = make([]Entry, len(es))
+		for i, e := range es {
+			items[i] = Entry(e)
+		}
+		more = mr
+		return nil
+	})
+	return items, more, err
+}
+
+// LockInfo describes the lock name at now.
+func (m *Machine) LockInfo(now time.Duration, name string) (LockInfo, error) {
+	var in LockInfo
+	err := m.view(now, func(tx *kv.Tx, now time.Duration) error {
+		var err error
+		in, err = m.leases.Info(tx, now, name)
+		return err
+	})
+	return in, err
+}
+
+// Locks lists up to limit locks held at now, from start, whose names
+// start with prefix, stopping after about maxBytes.
+func (m *Machine) Locks(now time.Duration, prefix, start string, limit, maxBytes int) (locks []LockInfo, more bool, err error) {
+	err = m.view(now, func(tx *kv.Tx, now time.Duration) error {
+		var err error
+		locks, more, err = m.leases.List(tx, now, prefix, start, limit, maxBytes)
+		return err
+	})
+	return locks, more, err
+}
+
+// Counters fills in the store-wide counters of s: last token, revision,
+// live keys, data size, leases held and callers queued.
+func (m *Machine) Counters(s *Status) error {
+	s.Locks = m.leases.Held()
+	s.Waiters = m.leases.TotalWaiting()
+	return m.view(0, func(tx *kv.Tx, _ time.Duration) error {
+		s.LastToken, s.Revision, s.Keys, s.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()
+		return nil
+	})
+}
+
+// Waiter is a caller queued for a lock (FIFO per lock).
+type Waiter = lease.Waiter
+
+// NewWaiter returns a waiter for an acquire of name.
+func NewWaiter(name string, ttl time.Duration, o AcquireOptions) *Waiter {
+	return lease.NewWaiter(lease.Request{Name: name, TTL: ttl, Holder: o.Holder, LockDelay: o.LockDelay})
+}
+
+// Enqueue queues w behind the lock's other waiters, unless max waiters
+// are queued already (ErrLimitExceeded). Any goroutine.
+func (m *Machine) Enqueue(w *Waiter, max int) error { return m.leases.Enqueue(w, max) }
+
+// Requeue puts w, popped and not granted, back at the head of its queue.
+func (m *Machine) Requeue(w *Waiter) { m.leases.Requeue(w) }
+
+// Cancel takes w out of its queue; false means it was popped and its
+// outcome is coming. Any goroutine.
+func (m *Machine) Cancel(w *Waiter) bool { return m.leases.Cancel(w) }
+
+// Pop takes the first waiter of name still waiting, or nil. Any goroutine.
+func (m *Machine) Pop(name string) *Waiter { return m.leases.Pop(name) }
+
+// Waiting is the number of callers queued for name.
+func (m *Machine) Waiting(name string) int { return m.leases.Waiting(name) }
+
+// QueuedLocks names the locks that have waiters.
+func (m *Machine) QueuedLocks() []string { return m.leases.QueuedLocks() }
+
+// NextDue, DueLocks and Wake drive an expiry loop: NextDue is the earliest
+// time a lease or lock-delay is due (and arms Wake for anything earlier),
+// DueLocks names the locks due at now.
+func (m *Machine) NextDue() (time.Duration, bool)               { return m.leases.Arm() }
+func (m *Machine) DueLocks(now time.Duration, max int) []string { return m.leases.Due(now, max) }
+func (m *Machine) Wake() <-chan struct{}                        { return m.leases.Wake() }
