@@ -202,18 +202,24 @@ func (db *DB) lockHeld(name string) error {
 	if err != nil {
 		return err
 	}
+	return LockHeld(in, db.opts.MinTTL)
+}
+
+// LockHeld is the lock_held refusal for a lock described by in, for an
+// acquire whose wait ran out (or that must queue behind waiters): the
+// holder, its token (0 when the lock is only in lock-delay), and the time
+// until it may be free (at least minRetry).
+func LockHeld(in LockInfo, minRetry time.Duration) *Error {
 	retry := in.TTL + in.Delay
 	if retry <= 0 {
-		retry = db.opts.MinTTL
+		retry = minRetry
 	}
-	// As in an immediate refusal: the holder's token, or 0 when the lock
-	// is only in lock-delay.
 	token := in.Token
 	if !in.Held {
 		token = 0
 	}
 	return &Error{Code: CodeLockHeld, Holder: in.Holder, Token: token, RetryAfter: retry,
-		Message: "lock " + quote(name) + " is still held after the wait"}
+		Message: "lock " + quote(in.Name) + " is still held after the wait"}
 }
 
 // Renew gives the lease of token on name its full TTL again. It is
@@ -304,3 +310,30 @@ func (db *DB) Status(ctx context.Context) (Status, error) {
 func (db *DB) Limits() Options { return db.opts }
 
 func quote(s string) string { return strconv.Quote(s) }
+
+// Member describes one node of a cluster, as its members method lists it.
+type Member struct {
+	Node       string
+	ClientAddr string
+	RaftAddr   string
+	GossipAddr string
+	State      string // by gossip: alive, suspect, dead, left (or unknown)
+	Voter      bool   // a voter in the raft configuration
+	RaftRole   string // leader, follower, or "" when not in the raft configuration
+}
+
+type staleKey struct{}
+
+// WithStaleReads returns a context whose reads a cluster node may answer
+// from its own state without asking the leader: faster, possibly behind
+// (consistency "stale" on the wire). A single node's reads are always
+// current.
+func WithStaleReads(ctx context.Context) context.Context {
+	return context.WithValue(ctx, staleKey{}, true)
+}
+
+// StaleReads reports whether ctx allows stale reads.
+func StaleReads(ctx context.Context) bool {
+	v, _ := ctx.Value(staleKey{}).(bool)
+	return v
+}

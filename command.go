@@ -56,6 +56,13 @@ type Command struct {
 	Token    Token         // renew, release
 }
 
+// LeaseRequest asks for a lock (the Lease field of a Command); Grant is a
+// granted lease.
+type (
+	LeaseRequest = lease.Request
+	Grant        = lease.Grant
+)
+
 // Result is the outcome of applying a Command.
 type Result struct {
 	Err     error

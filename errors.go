@@ -59,3 +59,6 @@ var ErrLocked = kv.ErrLocked
 var ErrSchema = kv.ErrSchema
 
 func errorf(code Code, format string, args ...any) *Error { return fence.Errorf(code, format, args...) }
+
+// OutcomeUnknown is Error.Outcome for a write that may have been applied.
+const OutcomeUnknown = fence.OutcomeUnknown

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"runtime/debug"
+	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -42,6 +43,7 @@ import (
 // goroutine.
 type Machine struct {
 	path   string
+	smu    sync.RWMutex // guards store against Restore for readers (the write side swaps it itself)
 	store  *kv.Store
 	leases *lease.Manager
 	opts   kv.Options
@@ -251,13 +253,18 @@ func (m *Machine) Restore(r io.Reader) error {
 			return err
 		}
 	}
+	m.smu.Lock()
+	defer m.smu.Unlock()
 	m.store.Abort()
 	if err := m.store.Close(); err != nil {
 		return err
 	}
 	rerr := kv.Restore(m.path, r)
 	if err := m.open(); err != nil {
-		return errors.Join(rerr, err)
+		// The data file could not be opened again: the machine is
+		// failed, and reads fail too.
+		m.failed = errors.Join(rerr, err)
+		return m.failed
 	}
 	return rerr
 }
@@ -268,6 +275,8 @@ func (m *Machine) Close() error { return m.store.Close() }
 // view runs fn in a read-only transaction; now is the reader's time. It
 // sees every published batch and nothing else.
 func (m *Machine) view(now time.Duration, fn func(tx *kv.Tx, now time.Duration) error) error {
+	m.smu.RLock()
+	defer m.smu.RUnlock()
 	tx, err := m.store.Begin(false)
 	if err != nil {
 		return fence.Errorf(fence.CodeUnavailable, "%v", err)

@@ -43,7 +43,14 @@ type Error struct {
 	RetryAfter time.Duration // lock_held: how long until the lock may be free
 	Revision   Revision      // compare_failed: the key's current revision
 	Leader     string        // not_leader: the leader's address, if known
+	Outcome    string        // unavailable: OutcomeUnknown when a write may have been applied
 }
+
+// OutcomeUnknown is Error.Outcome for a write that was proposed but whose
+// fate is unknown (the leadership was lost, or the connection to the
+// server broke, after it was sent): it may or may not have been applied.
+// unavailable without it means the command was not applied.
+const OutcomeUnknown = "unknown"
 
 // Error implements the error interface.
 func (e *Error) Error() string {

@@ -373,6 +373,8 @@ func decodeError(dec *msgpack.Decoder) (error, error) {
 			err = decodeTo(dec, (*uint64)(&fe.Revision))
 		case "leader":
 			fe.Leader, err = dec.DecodeString()
+		case "outcome":
+			fe.Outcome, err = dec.DecodeString()
 		default:
 			err = dec.Skip()
 		}
@@ -633,8 +635,12 @@ func (c *Client) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
 	e := fencekv.Entry{Key: key}
 	err := c.do(ctx, "get",
 		func(p params) error {
-			p.EncodeMapLen(1)
+			stale := fencekv.StaleReads(ctx)
+			p.EncodeMapLen(1 + b2i(stale))
 			p.bin("key", key)
+			if stale {
+				p.str("consistency", "stale")
+			}
 			return nil
 		},
 		func(dec *msgpack.Decoder) error { return decodeEntry(dec, &e) })
@@ -1002,7 +1008,7 @@ func (c *Client) Status(ctx context.Context) (fencekv.Status, error) {
 				us, err = dec.DecodeInt64()
 				st.CheckpointTime = time.Duration(us) * time.Microsecond
 			default:
-				err = dec.Skip()
+				err = decodeNodeStatus(dec, k, &st)
 			}
 			return err
 		})

@@ -104,13 +104,14 @@ const (
 	fWait
 	fLockDelay
 	fStrict
+	fConsistency
 )
 
 // fields maps the protocol's param names to their bits.
 var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
-	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict,
+	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency,
 }
 
 func (f field) String() string {
@@ -131,6 +132,7 @@ type args struct {
 	delta, limit              int64
 	ttlMs, waitMs, delayMs    int64
 	strict                    bool
+	consistency               string
 	has                       field
 }
 
@@ -188,6 +190,10 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			a.waitMs, err = decodeInt(dec)
 		case fLockDelay:
 			a.delayMs, err = decodeInt(dec)
+		case fConsistency:
+			var b []byte
+			b, err = decodeBytes(dec)
+			a.consistency = string(b)
 		case fStrict:
 			a.strict, err = dec.DecodeBool()
 			if err != nil {
@@ -342,6 +348,10 @@ func (e *encoder) errorMap(err *fencekv.Error) {
 		n = 3
 	case fencekv.CodeLockHeld:
 		n = 5
+	case fencekv.CodeUnavailable:
+		if err.Outcome != "" {
+			n = 3
+		}
 	}
 	e.EncodeMapLen(n)
 	e.str("code", string(err.Code))
@@ -359,6 +369,10 @@ func (e *encoder) errorMap(err *fencekv.Error) {
 		e.uint("revision", uint64(err.Revision))
 	case fencekv.CodeNotLeader:
 		e.str("leader", err.Leader)
+	case fencekv.CodeUnavailable:
+		if err.Outcome != "" {
+			e.str("outcome", err.Outcome)
+		}
 	}
 }
 

@@ -30,6 +30,19 @@ var methods = map[string]method{
 	"lock_info": lockInfo,
 	"locks":     locks,
 	"status":    status,
+	"members":   members,
+}
+
+// reads applies the read's consistency: "" or "linearizable" (the
+// default), or "stale" (a cluster node may answer from its own state).
+func (a *args) reads(ctx context.Context) (context.Context, error) {
+	switch a.consistency {
+	case "", "linearizable":
+		return ctx, nil
+	case "stale":
+		return fencekv.WithStaleReads(ctx), nil
+	}
+	return ctx, badRequest("param \"consistency\" is %q; want \"linearizable\" or \"stale\"", a.consistency)
 }
 
 func need(a *args, fs ...field) error {
@@ -64,6 +77,10 @@ func ping(_ context.Context, _ Engine, _ *args, e *encoder) error {
 }
 
 func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	ctx, err := a.reads(ctx)
+	if err != nil {
+		return err
+	}
 	if err := need(a, fKey); err != nil {
 		return err
 	}
@@ -151,6 +168,10 @@ func incr(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func scan(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	ctx, err := a.reads(ctx)
+	if err != nil {
+		return err
+	}
 	items, more, err := eng.Scan(ctx, fencekv.ScanOptions{Prefix: a.prefix, Start: a.start, Limit: int(clampInt(a.limit))})
 	if err != nil {
 		return err
@@ -222,6 +243,10 @@ func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func lockInfo(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	ctx, err := a.reads(ctx)
+	if err != nil {
+		return err
+	}
 	if err := need(a, fLock); err != nil {
 		return err
 	}
@@ -251,6 +276,10 @@ func (e *encoder) lockMap(in fencekv.LockInfo, withName bool) {
 }
 
 func locks(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	ctx, err := a.reads(ctx)
+	if err != nil {
+		return err
+	}
 	ls, more, err := eng.Locks(ctx, string(a.prefix), string(a.start), int(clampInt(a.limit)))
 	if err != nil {
 		return err
@@ -270,8 +299,14 @@ func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 	if err != nil {
 		return err
 	}
-	e.EncodeMapLen(12)
+	e.EncodeMapLen(18)
 	e.str("version", st.Version)
+	e.str("node", st.Node)
+	e.str("role", st.Role)
+	e.str("leader", st.Leader)
+	e.uint("term", st.Term)
+	e.uint("commit_index", st.CommitIndex)
+	e.uint("applied_index", st.AppliedIndex)
 	e.uint("last_token", uint64(st.LastToken))
 	e.uint("revision", uint64(st.Revision))
 	e.uint("keys", st.Keys)
@@ -283,5 +318,35 @@ func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 	e.int("sync_us", st.SyncTime.Microseconds())
 	e.uint("checkpoints", st.Checkpoints)
 	e.int("checkpoint_us", st.CheckpointTime.Microseconds())
+	return nil
+}
+
+// memberLister is an engine that knows its cluster's members.
+type memberLister interface {
+	Members(ctx context.Context) ([]fencekv.Member, error)
+}
+
+// members lists a cluster's nodes; a single node lists none.
+func members(ctx context.Context, eng Engine, _ *args, e *encoder) error {
+	var ms []fencekv.Member
+	if ml, ok := eng.(memberLister); ok {
+		var err error
+		if ms, err = ml.Members(ctx); err != nil {
+			return err
+		}
+	}
+	e.EncodeMapLen(1)
+	e.EncodeString("members")
+	e.EncodeArrayLen(len(ms))
+	for _, m := range ms {
+		e.EncodeMapLen(7)
+		e.str("node", m.Node)
+		e.str("client_addr", m.ClientAddr)
+		e.str("raft_addr", m.RaftAddr)
+		e.str("gossip_addr", m.GossipAddr)
+		e.str("state", m.State)
+		e.bool("voter", m.Voter)
+		e.str("raft_role", m.RaftRole)
+	}
 	return nil
 }

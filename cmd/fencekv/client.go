@@ -19,7 +19,7 @@ const DefaultAddr = "127.0.0.1:7420"
 // clientFlags are shared by every command that talks to a server.
 func clientFlags() []cli.Flag {
 	return []cli.Flag{
-		&cli.StringFlag{Name: "addr", Value: DefaultAddr, EnvVars: []string{"FENCEKV_ADDR"}, Usage: "server `ADDRESS` (host:port)"},
+		&cli.StringFlag{Name: "addr", Value: DefaultAddr, EnvVars: []string{"FENCEKV_ADDR"}, Usage: "server `ADDRESS` (host:port); a comma-separated list of a cluster's nodes tries each in turn"},
 		&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, EnvVars: []string{"FENCEKV_TIMEOUT"}, Usage: "give up on the server after this long (waits for locks come on top)"},
 		&cli.BoolFlag{Name: "json", Usage: "print the result as JSON, for scripts"},
 	}
@@ -43,7 +43,7 @@ func writeOptions(c *cli.Context) fencekv.WriteOptions {
 func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context, cl *wire.Client) error) error {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout")+extra)
 	defer cancel()
-	cl, err := wire.Dial(ctx, c.String("addr"))
+	cl, err := dialAny(ctx, splitList(c.String("addr")))
 	if err != nil {
 		return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
 	}

@@ -63,6 +63,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 			serveCommand(),
 			pingCommand(),
 			statusCommand(),
+			membersCommand(),
 			getCommand(),
 			putCommand(),
 			delCommand(),

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +34,7 @@ exit status 0); a second signal exits at once.
 
 Example:
   fencekv serve --data /var/lib/fencekv --listen 127.0.0.1:7420 --log-format json`,
-		Flags: []cli.Flag{
+		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "data", Value: "./fencekv-data", EnvVars: env("DATA"), Usage: "data `DIR` (created if missing; one server per dir)"},
 			&cli.StringFlag{Name: "listen", Value: DefaultAddr, EnvVars: env("LISTEN"), Usage: "TCP `ADDRESS` to serve on"},
 			&cli.IntFlag{Name: "max-message-size", Value: w.MaxMessageSize, EnvVars: env("MAX_MESSAGE_SIZE"), Usage: "largest request in bytes"},
@@ -50,7 +49,7 @@ Example:
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: env("LOG_FORMAT"), Usage: "text or json"},
 			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile to `FILE` until shutdown (for performance work)"},
-		},
+		}, clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("serve takes no arguments, got %q", c.Args().Slice())
@@ -79,7 +78,8 @@ Example:
 			defer stopProfile()
 			ctx, stop := shutdownSignals(c.Context, log)
 			defer stop()
-			return serve(ctx, log, c.String("data"), c.String("listen"), o, wc, c.Duration("shutdown-timeout"), nil)
+			open := func(clientAddr string) (engine, error) { return openEngine(c, c.String("data"), clientAddr, o) }
+			return serve(ctx, log, open, c.String("data"), c.String("listen"), wc, c.Duration("shutdown-timeout"), nil)
 		},
 	}
 }
@@ -113,33 +113,33 @@ func shutdownSignals(parent context.Context, log *slog.Logger) (context.Context,
 	}
 }
 
-// serve runs a server until ctx ends, then shuts it down gracefully. If
-// ready is not nil, it receives the listening address once serving.
-func serve(ctx context.Context, log *slog.Logger, dir, listen string, o fencekv.Options, wc wire.Config, grace time.Duration, ready chan<- string) error {
-	db, err := fencekv.Open(dir, &o)
-	if err != nil {
-		if errors.Is(err, fencekv.ErrLocked) {
-			return fmt.Errorf("data dir %s is in use by another fencekv process", dir)
-		}
-		return fmt.Errorf("opening data dir %s: %w", dir, err)
-	}
-	srv, err := wire.NewServer(db, wc)
-	if err != nil {
-		db.Close()
-		return usageError{err}
-	}
+// serve runs a server until ctx ends, then shuts it down gracefully. It
+// listens first, so a server that cannot bind leaves no data dir behind;
+// open then opens the engine for the address it listens on. If ready is
+// not nil, it receives the listening address once serving.
+func serve(ctx context.Context, log *slog.Logger, open func(clientAddr string) (engine, error), dir, listen string, wc wire.Config, grace time.Duration, ready chan<- string) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		db.Close()
 		return fmt.Errorf("listen on %s: %w", listen, err)
 	}
-	st, err := db.Status(ctx)
+	eng, err := open(ln.Addr().String())
 	if err != nil {
 		ln.Close()
-		db.Close()
 		return err
 	}
-	log.Info("fencekv serving", "version", fencekv.Version, "data", dir, "addr", ln.Addr().String(),
+	srv, err := wire.NewServer(eng, wc)
+	if err != nil {
+		ln.Close()
+		eng.Close()
+		return usageError{err}
+	}
+	st, err := eng.Status(ctx)
+	if err != nil {
+		ln.Close()
+		eng.Close()
+		return err
+	}
+	log.Info("fencekv serving", "version", fencekv.Version, "data", dir, "addr", ln.Addr().String(), "role", st.Role,
 		"tokens_issued", uint64(st.LastToken), "keys", st.Keys, "locks", st.Locks)
 	if ready != nil {
 		ready <- ln.Addr().String()
@@ -149,7 +149,7 @@ func serve(ctx context.Context, log *slog.Logger, dir, listen string, o fencekv.
 	select {
 	case <-ctx.Done():
 	case err := <-served:
-		db.Close()
+		eng.Close()
 		return fmt.Errorf("serving: %w", err)
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
@@ -159,8 +159,8 @@ func serve(ctx context.Context, log *slog.Logger, dir, listen string, o fencekv.
 	if serr != nil {
 		log.Warn("shutdown deadline passed; closed remaining connections", "err", serr)
 	}
-	st, _ = db.Status(context.Background())
-	if err := db.Close(); err != nil {
+	st, _ = eng.Status(context.Background())
+	if err := eng.Close(); err != nil {
 		return fmt.Errorf("closing the data file: %w", err)
 	}
 	log.Info("fencekv stopped", "tokens_issued", uint64(st.LastToken), "revision", uint64(st.Revision))

@@ -1,0 +1,436 @@
+// Package clustertest runs real `fencekv serve` cluster nodes on loopback
+// for tests: it builds the binary, starts nodes on free ports with temp
+// data dirs, and injects process faults (kill -9, SIGSTOP/SIGCONT,
+// restart). Every process it starts is stopped by its PID when the test
+// ends.
+//
+//	bin := clustertest.Build(t)
+//	c := clustertest.Start(t, bin, 3)
+//	leader := c.Leader(t)
+//	c.Kill(leader)
+package clustertest
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// Build builds the fencekv binary into the test's temp dir and returns
+// its path.
+func Build(tb testing.TB) string {
+	tb.Helper()
+	return BuildInto(tb, tb.TempDir())
+}
+
+// BuildInto builds the fencekv binary into dir (for a binary shared by
+// several tests) and returns its path. It finds the module from the
+// working directory.
+func BuildInto(tb testing.TB, dir string) string {
+	tb.Helper()
+	root, err := moduleRoot()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	bin := filepath.Join(dir, "fencekv")
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	cmd := exec.Command(gobin, "build", "-o", bin, "./cmd/fencekv")
+	cmd.Dir = root
+	if out, err := cmd.CombinedOutput(); err != nil {
+		tb.Fatalf("clustertest: go build: %v\n%s", err, out)
+	}
+	return bin
+}
+
+func moduleRoot() (string, error) {
+	dir, err := os.Getwd()
+	if err != nil {
+		return "", err
+	}
+	for {
+		if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+			return dir, nil
+		}
+		parent := filepath.Dir(dir)
+		if parent == dir {
+			return "", fmt.Errorf("clustertest: no go.mod above the working directory")
+		}
+		dir = parent
+	}
+}
+
+// Node is one node of a test cluster.
+type Node struct {
+	Name   string
+	Dir    string
+	Client string // client address
+	Raft   string
+	Gossip string
+	Extra  []string // more serve flags
+
+	mu  sync.Mutex // guards cmd, log, exited
+	cmd *exec.Cmd
+	log *syncBuffer
+	// exited is closed when the running process has exited.
+	exited chan struct{}
+}
+
+// Cluster is a set of nodes started by Start.
+type Cluster struct {
+	Bin   string
+	Nodes []*Node
+	tb    testing.TB
+}
+
+// Options tune Start.
+type Options struct {
+	Extra []string // serve flags for every node (e.g. "--reap-after", "2s")
+}
+
+// Start starts n nodes that bootstrap one cluster (--bootstrap-expect n,
+// each joining the others), and waits until a leader serves writes.
+func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
+	tb.Helper()
+	c := &Cluster{Bin: bin, tb: tb}
+	var extra []string
+	if o != nil {
+		extra = o.Extra
+	}
+	for i := range n {
+		c.Nodes = append(c.Nodes, c.newNode(fmt.Sprintf("n%d", i), extra))
+	}
+	tb.Cleanup(c.stopAll)
+	for _, nd := range c.Nodes {
+		c.launch(nd, []string{"--bootstrap-expect", fmt.Sprint(n), "--join", c.gossipList(nd)})
+	}
+	c.WaitWritable(tb, 30*time.Second)
+	return c
+}
+
+// newNode reserves addresses and a data dir for a node.
+func (c *Cluster) newNode(name string, extra []string) *Node {
+	return &Node{
+		Name:   name,
+		Dir:    filepath.Join(c.tb.TempDir(), name),
+		Client: freeAddr(c.tb),
+		Raft:   freeAddr(c.tb),
+		Gossip: freeAddr(c.tb),
+		Extra:  extra,
+	}
+}
+
+// gossipList is every other node's gossip address.
+func (c *Cluster) gossipList(except *Node) string {
+	var as []string
+	for _, nd := range c.Nodes {
+		if nd != except {
+			as = append(as, nd.Gossip)
+		}
+	}
+	return strings.Join(as, ",")
+}
+
+// Add starts one more node that joins the running cluster.
+func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
+	tb.Helper()
+	nd := c.newNode(fmt.Sprintf("n%d", len(c.Nodes)), append(append([]string{}, c.Nodes[0].Extra...), extra...))
+	join := c.gossipList(nd)
+	c.Nodes = append(c.Nodes, nd)
+	c.launch(nd, []string{"--join", join})
+	return nd
+}
+
+// freeAddr returns a loopback address with a port free for TCP and UDP
+// (memberlist uses both).
+func freeAddr(tb testing.TB) string {
+	tb.Helper()
+	for range 50 {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			tb.Fatal(err)
+		}
+		addr := l.Addr().String()
+		u, err := net.ListenPacket("udp", addr)
+		l.Close()
+		if err != nil {
+			continue
+		}
+		u.Close()
+		return addr
+	}
+	tb.Fatal("clustertest: no free port for TCP and UDP")
+	return ""
+}
+
+// launch starts the node's process.
+func (c *Cluster) launch(nd *Node, extra []string) {
+	args := []string{"serve", "--node", nd.Name, "--data", nd.Dir, "--listen", nd.Client,
+		"--raft", nd.Raft, "--gossip", nd.Gossip, "--log-level", "info"}
+	args = append(args, nd.Extra...)
+	args = append(args, extra...)
+	cmd := exec.Command(c.Bin, args...)
+	buf := &syncBuffer{}
+	cmd.Stdout, cmd.Stderr = buf, buf
+	if err := cmd.Start(); err != nil {
+		c.tb.Fatalf("clustertest: start %s: %v", nd.Name, err)
+	}
+	exited := make(chan struct{})
+	go func() {
+		cmd.Wait()
+		close(exited)
+	}()
+	nd.mu.Lock()
+	nd.cmd, nd.log, nd.exited = cmd, buf, exited
+	nd.mu.Unlock()
+}
+
+// Restart starts a stopped (killed) node again with its data dir.
+func (c *Cluster) Restart(nd *Node) {
+	c.launch(nd, []string{"--join", c.gossipList(nd)})
+}
+
+// PID is the node's process ID (0 if never started).
+func (nd *Node) PID() int {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.cmd == nil || nd.cmd.Process == nil {
+		return 0
+	}
+	return nd.cmd.Process.Pid
+}
+
+// Log is what the node's current process has printed.
+func (nd *Node) Log() string {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.log == nil {
+		return ""
+	}
+	return nd.log.String()
+}
+
+func (nd *Node) signal(sig syscall.Signal) error {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	if nd.cmd == nil {
+		return fmt.Errorf("clustertest: %s is not running", nd.Name)
+	}
+	return nd.cmd.Process.Signal(sig)
+}
+
+// Kill kills the node with SIGKILL and waits for it to exit.
+func (c *Cluster) Kill(nd *Node) {
+	if err := nd.signal(syscall.SIGKILL); err != nil {
+		c.tb.Fatal(err)
+	}
+	c.waitExit(nd)
+}
+
+// Stop stops the node gracefully (SIGTERM; a paused node is resumed
+// first) and waits for it to exit.
+func (c *Cluster) Stop(nd *Node) {
+	nd.signal(syscall.SIGCONT)
+	if err := nd.signal(syscall.SIGTERM); err != nil {
+		c.tb.Fatal(err)
+	}
+	c.waitExit(nd)
+}
+
+func (c *Cluster) waitExit(nd *Node) {
+	nd.mu.Lock()
+	exited := nd.exited
+	nd.mu.Unlock()
+	select {
+	case <-exited:
+	case <-time.After(30 * time.Second):
+		nd.signal(syscall.SIGKILL)
+		<-exited
+		c.tb.Errorf("clustertest: %s did not exit within 30s", nd.Name)
+	}
+	nd.mu.Lock()
+	nd.cmd = nil
+	nd.mu.Unlock()
+}
+
+// Pause stops the node's process with SIGSTOP; Resume continues it.
+func (c *Cluster) Pause(nd *Node) {
+	if err := nd.signal(syscall.SIGSTOP); err != nil {
+		c.tb.Fatal(err)
+	}
+}
+
+// Resume continues a paused node (SIGCONT).
+func (c *Cluster) Resume(nd *Node) {
+	if err := nd.signal(syscall.SIGCONT); err != nil {
+		c.tb.Fatal(err)
+	}
+}
+
+// Running reports whether the node's process is running (or paused).
+func (nd *Node) Running() bool {
+	nd.mu.Lock()
+	defer nd.mu.Unlock()
+	return nd.cmd != nil
+}
+
+// stopAll stops every node still running, by PID; a test that failed
+// gets each node's log.
+func (c *Cluster) stopAll() {
+	for _, nd := range c.Nodes {
+		if nd.Running() {
+			nd.signal(syscall.SIGCONT)
+			nd.signal(syscall.SIGKILL)
+			c.waitExit(nd)
+		}
+		if c.tb.Failed() {
+			c.tb.Logf("--- log of %s ---\n%s", nd.Name, nd.Log())
+		}
+	}
+}
+
+// Dial connects a client to a node.
+func (c *Cluster) Dial(tb testing.TB, nd *Node) *wire.Client {
+	tb.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	cl, err := wire.Dial(ctx, nd.Client)
+	if err != nil {
+		tb.Fatalf("clustertest: dial %s: %v", nd.Name, err)
+	}
+	tb.Cleanup(func() { cl.Close() })
+	return cl
+}
+
+// Leader returns the node every running node agrees leads, waiting up to
+// 30 seconds for one.
+func (c *Cluster) Leader(tb testing.TB) *Node {
+	tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if nd := c.leader(); nd != nil {
+			return nd
+		}
+		if time.Now().After(deadline) {
+			tb.Fatal("clustertest: no leader within 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func (c *Cluster) leader() *Node {
+	var found *Node
+	for _, nd := range c.Nodes {
+		if !nd.Running() {
+			continue
+		}
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		st, err := status(ctx, nd)
+		cancel()
+		if err != nil {
+			continue
+		}
+		if st.Role == "leader" {
+			if found != nil {
+				return nil // two say they lead: not settled yet
+			}
+			found = nd
+		}
+	}
+	return found
+}
+
+// Status is what a node's status says of its role.
+type Status struct {
+	Role, Leader string
+	Term         uint64
+	Applied      uint64
+}
+
+func status(ctx context.Context, nd *Node) (Status, error) {
+	cl, err := wire.Dial(ctx, nd.Client)
+	if err != nil {
+		return Status{}, err
+	}
+	defer cl.Close()
+	st, err := cl.Status(ctx)
+	return Status{Role: st.Role, Leader: st.Leader, Term: st.Term, Applied: st.AppliedIndex}, err
+}
+
+// Status reads a node's role, leader, term and applied index.
+func (c *Cluster) Status(nd *Node) (Status, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	return status(ctx, nd)
+}
+
+// Others returns the running nodes other than nd.
+func (c *Cluster) Others(nd *Node) []*Node {
+	var out []*Node
+	for _, o := range c.Nodes {
+		if o != nd && o.Running() {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// WaitWritable waits until a write through some node is acknowledged.
+func (c *Cluster) WaitWritable(tb testing.TB, within time.Duration) {
+	tb.Helper()
+	deadline := time.Now().Add(within)
+	for {
+		for _, nd := range c.Nodes {
+			if !nd.Running() {
+				continue
+			}
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			cl, err := wire.Dial(ctx, nd.Client)
+			if err == nil {
+				_, err = cl.Put(ctx, []byte("clustertest/ready"), []byte("1"), fencekv.WriteOptions{})
+				cl.Close()
+			}
+			cancel()
+			if err == nil {
+				return
+			}
+		}
+		if time.Now().After(deadline) {
+			for _, nd := range c.Nodes {
+				tb.Logf("--- log of %s ---\n%s", nd.Name, nd.Log())
+			}
+			tb.Fatalf("clustertest: no write acknowledged within %v", within)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// syncBuffer collects a process's output; safe for concurrent use.
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}

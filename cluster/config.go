@@ -1,0 +1,98 @@
+// Package cluster runs fencekv on three or five nodes that keep one store:
+// hashicorp/raft replicates the engine's commands, hashicorp/memberlist
+// finds the nodes and tells which are alive. Every guarantee of a single
+// node holds for the cluster as a whole across the loss of any minority of
+// nodes, leader changes, pauses and partitions.
+//
+// The pieces, one file each:
+//
+//   - fsm.go: raft's FSM is the engine's state machine (fencekv.Machine),
+//     applied in batches; its snapshot is the bbolt file.
+//   - node.go: Node, which serves the wire protocol's Engine on every
+//     node: the leader proposes commands and answers reads after a quorum
+//     round (read.go); the others forward to it in one hop (forward.go).
+//   - leader.go: what only the leader runs: re-arming leases through a
+//     replicated command when it takes over, the expiry loop, the FIFO
+//     queues of blocking acquires and their hand-offs.
+//   - members.go: gossip membership, bootstrap, adding and reaping raft
+//     servers, and the members method.
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"time"
+
+	"github.com/fencekv/fencekv"
+)
+
+// Config configures a Node. Start from DefaultConfig.
+type Config struct {
+	Name       string // the node's name, unique in the cluster; kept in its data dir
+	Dir        string // data dir
+	ClientAddr string // the address clients (and other nodes, forwarding) reach this node on
+	RaftAddr   string // replication: listen and advertise
+	GossipAddr string // membership (TCP and UDP): listen and advertise
+
+	// Join lists gossip addresses of running members; they are tried
+	// until one answers.
+	Join []string
+	// BootstrapExpect bootstraps a new cluster once this many servers
+	// without state see each other by gossip. 0: never bootstrap (join
+	// an existing cluster).
+	BootstrapExpect int
+	// ReapAfter removes from the raft configuration a server that gossip
+	// has found dead (or gone) for this long, never leaving the live
+	// servers short of a quorum.
+	ReapAfter time.Duration
+	// HoldTimeout is how long a request waits for a leader (or a new
+	// one) before it is answered unavailable.
+	HoldTimeout time.Duration
+
+	// Engine holds the limits, logger and clock shared with a single node.
+	Engine fencekv.Options
+
+	// Raft timing and log compaction (the defaults suit a LAN; tests
+	// make snapshots frequent).
+	HeartbeatTimeout  time.Duration
+	ElectionTimeout   time.Duration
+	SnapshotThreshold uint64
+	SnapshotInterval  time.Duration
+	TrailingLogs      uint64
+}
+
+// DefaultConfig returns the documented defaults.
+func DefaultConfig() Config {
+	return Config{
+		ReapAfter:         10 * time.Minute,
+		HoldTimeout:       5 * time.Second,
+		Engine:            fencekv.DefaultOptions(),
+		HeartbeatTimeout:  500 * time.Millisecond,
+		ElectionTimeout:   500 * time.Millisecond,
+		SnapshotThreshold: 8192,
+		SnapshotInterval:  2 * time.Minute,
+		TrailingLogs:      10240,
+	}
+}
+
+func (c *Config) validate() error {
+	switch {
+	case c.Name == "":
+		return errors.New("cluster: the node needs a name (--node)")
+	case c.Dir == "":
+		return errors.New("cluster: the node needs a data dir")
+	case c.BootstrapExpect < 0:
+		return errors.New("cluster: --bootstrap-expect must not be negative")
+	case c.ReapAfter <= 0 || c.HoldTimeout <= 0:
+		return errors.New("cluster: --reap-after and --hold-timeout must be positive")
+	case c.HeartbeatTimeout <= 0 || c.ElectionTimeout <= 0:
+		return errors.New("cluster: raft timeouts must be positive")
+	}
+	for name, addr := range map[string]string{"client": c.ClientAddr, "raft": c.RaftAddr, "gossip": c.GossipAddr} {
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return fmt.Errorf("cluster: %s address %q: %w", name, addr, err)
+		}
+	}
+	return nil
+}

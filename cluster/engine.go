@@ -1,0 +1,319 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// The wire.Engine methods. Each checks its arguments first (bad input
+// never reaches the log), then runs on the leader: here if this node is
+// the ready leader, else forwarded in one hop.
+
+// route runs local, or remote on the leader's connection when local says
+// errForward. write marks requests whose outcome is unknown if the
+// connection breaks after they were sent.
+func route[T any](ctx context.Context, n *Node, write bool, local func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
+	var zero T
+	var deadline <-chan time.Time
+	for {
+		v, err := local()
+		var fw errForward
+		if !errors.As(err, &fw) {
+			return v, err
+		}
+		c, err := n.fwd.client(ctx, fw.addr)
+		if err == nil {
+			v, err = remote(c)
+			if err != nil {
+				return zero, n.fwd.forwardError(c, err, write)
+			}
+			return v, nil
+		}
+		// The leader raft last named cannot be reached (it may have
+		// died): nothing was sent, so wait for a new leader and try
+		// again, as while there is none.
+		if deadline == nil {
+			t := time.NewTimer(n.cfg.HoldTimeout)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-deadline:
+			return zero, err
+		case <-ctx.Done():
+			return zero, ctx.Err()
+		case <-n.stop:
+			return zero, errClosed
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
+// read runs fn on this node's state once a read may be answered here
+// (linearizable, or stale if ctx allows), else forwards.
+func read[T any](ctx context.Context, n *Node, fn func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
+	return route(ctx, n, false, func() (T, error) {
+		if !fencekv.StaleReads(ctx) {
+			if err := n.readIndex(ctx); err != nil {
+				var zero T
+				return zero, err
+			}
+		}
+		return fn()
+	}, remote)
+}
+
+func (n *Node) write(ctx context.Context, c fencekv.Command, w fencekv.WriteOptions, remote func(*wire.Client) (fencekv.Result, error)) (fencekv.Result, error) {
+	if err := n.opts.CheckWrite(c.Key, c.Value, w); err != nil {
+		return fencekv.Result{}, err
+	}
+	c.Write.Token, c.Write.Strict, c.Lock = w.Token, w.Strict, w.Lock
+	r, err := route(ctx, n, true, func() (fencekv.Result, error) { return n.propose(ctx, c) }, remote)
+	if err == nil {
+		err = r.Err
+	}
+	return r, err
+}
+
+func written(r fencekv.Result, err error) (fencekv.WriteResult, error) {
+	if err != nil {
+		return fencekv.WriteResult{}, err
+	}
+	return fencekv.WriteResult{Fence: r.Entry.Fence, Revision: r.Entry.Revision}, nil
+}
+
+func entry(res fencekv.WriteResult) fencekv.Result {
+	var r fencekv.Result
+	r.Entry.Fence, r.Entry.Revision = res.Fence, res.Revision
+	return r
+}
+
+// Put writes value to key once a quorum has it (G6).
+func (n *Node) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
+	return written(n.write(ctx, fencekv.Command{Op: fencekv.OpPut, Key: key, Value: value}, w, func(c *wire.Client) (fencekv.Result, error) {
+		res, err := c.Put(ctx, key, value, w)
+		return entry(res), err
+	}))
+}
+
+// Delete removes key; its fence survives.
+func (n *Node) Delete(ctx context.Context, key []byte, w fencekv.WriteOptions) (bool, fencekv.WriteResult, error) {
+	r, err := n.write(ctx, fencekv.Command{Op: fencekv.OpDelete, Key: key}, w, func(c *wire.Client) (fencekv.Result, error) {
+		deleted, res, err := c.Delete(ctx, key, w)
+		r := entry(res)
+		r.Deleted = deleted
+		return r, err
+	})
+	res, err := written(r, err)
+	return r.Deleted, res, err
+}
+
+// CAS writes value if key is at revision rev.
+func (n *Node) CAS(ctx context.Context, key []byte, rev fencekv.Revision, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
+	return written(n.write(ctx, fencekv.Command{Op: fencekv.OpCAS, Key: key, Revision: rev, Value: value}, w, func(c *wire.Client) (fencekv.Result, error) {
+		res, err := c.CAS(ctx, key, rev, value, w)
+		return entry(res), err
+	}))
+}
+
+// Incr adds delta to the integer at key.
+func (n *Node) Incr(ctx context.Context, key []byte, delta int64, w fencekv.WriteOptions) (int64, fencekv.WriteResult, error) {
+	r, err := n.write(ctx, fencekv.Command{Op: fencekv.OpIncr, Key: key, Delta: delta}, w, func(c *wire.Client) (fencekv.Result, error) {
+		v, res, err := c.Incr(ctx, key, delta, w)
+		r := entry(res)
+		r.Int = v
+		return r, err
+	})
+	res, err := written(r, err)
+	return r.Int, res, err
+}
+
+// Get reads key, linearizably unless ctx allows stale reads.
+func (n *Node) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
+	if err := n.opts.CheckKey(key); err != nil {
+		return fencekv.Entry{}, err
+	}
+	return read(ctx, n, func() (fencekv.Entry, error) { return n.m.Get(key) },
+		func(c *wire.Client) (fencekv.Entry, error) { return c.Get(ctx, key) })
+}
+
+type page[T any] struct {
+	items []T
+	more  bool
+}
+
+// Scan returns live keys in byte order.
+func (n *Node) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Entry, bool, error) {
+	limit, err := n.opts.Limit(o.Limit)
+	if err != nil {
+		return nil, false, err
+	}
+	p, err := read(ctx, n, func() (page[fencekv.Entry], error) {
+		items, more, err := n.m.Scan(o, limit, n.opts.MaxScanBytes)
+		return page[fencekv.Entry]{items, more}, err
+	}, func(c *wire.Client) (page[fencekv.Entry], error) {
+		items, more, err := c.Scan(ctx, o)
+		return page[fencekv.Entry]{items, more}, err
+	})
+	return p.items, p.more, err
+}
+
+// LockInfo describes a lock.
+func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, error) {
+	if err := n.opts.CheckName(name); err != nil {
+		return fencekv.LockInfo{}, err
+	}
+	return read(ctx, n, func() (fencekv.LockInfo, error) { return n.m.LockInfo(n.now(), name) },
+		func(c *wire.Client) (fencekv.LockInfo, error) { return c.LockInfo(ctx, name) })
+}
+
+// Locks lists held locks.
+func (n *Node) Locks(ctx context.Context, prefix, start string, limit int) ([]fencekv.LockInfo, bool, error) {
+	limit, err := n.opts.Limit(limit)
+	if err != nil {
+		return nil, false, err
+	}
+	p, err := read(ctx, n, func() (page[fencekv.LockInfo], error) {
+		items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
+		return page[fencekv.LockInfo]{items, more}, err
+	}, func(c *wire.Client) (page[fencekv.LockInfo], error) {
+		items, more, err := c.Locks(ctx, prefix, start, limit)
+		return page[fencekv.LockInfo]{items, more}, err
+	})
+	return p.items, p.more, err
+}
+
+// Acquire takes a lock, on the leader; a blocking acquire queues there
+// (FIFO within one leader's term; a leader change answers queued callers
+// unavailable, and they queue again).
+func (n *Node) Acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, error) {
+	var ao fencekv.AcquireOptions
+	if o != nil {
+		ao = *o
+	}
+	if err := n.opts.CheckAcquire(name, ttl, ao); err != nil {
+		return fencekv.Lease{}, err
+	}
+	return route(ctx, n, true, func() (fencekv.Lease, error) { return n.acquire(ctx, name, ttl, ao) },
+		func(c *wire.Client) (fencekv.Lease, error) { return c.Acquire(ctx, name, ttl, &ao) })
+}
+
+func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao fencekv.AcquireOptions) (fencekv.Lease, error) {
+	term, err := n.awaitReady(ctx)
+	if err != nil {
+		return fencekv.Lease{}, err
+	}
+	req := fencekv.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}
+	switch {
+	case n.m.Waiting(name) == 0:
+		r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Now: n.now(), Term: term, Lease: req})
+		if err != nil {
+			return fencekv.Lease{}, err
+		}
+		if r.Err == nil {
+			return fencekv.Lease{Name: name, Token: r.Grant.Token, TTL: r.Grant.TTL}, nil
+		}
+		if !errors.Is(r.Err, fencekv.ErrLockHeld) || ao.Wait == 0 {
+			return fencekv.Lease{}, r.Err
+		}
+	case ao.Wait == 0:
+		// Waiters come first (FIFO): the lock goes to them.
+		return fencekv.Lease{}, n.lockHeld(name)
+	}
+	w := fencekv.NewWaiter(name, ttl, ao)
+	if err := n.m.Enqueue(w, n.opts.MaxWaiters); err != nil {
+		return fencekv.Lease{}, err
+	}
+	n.kick(name) // the lock may have been freed since the refusal
+	granted := func() (fencekv.Lease, error) {
+		if w.Err != nil {
+			return fencekv.Lease{}, w.Err
+		}
+		return fencekv.Lease{Name: name, Token: w.Grant.Token, TTL: w.Grant.TTL}, nil
+	}
+	timer := time.NewTimer(ao.Wait)
+	defer timer.Stop()
+	select {
+	case <-w.Done():
+		return granted()
+	case <-timer.C:
+		if !n.m.Cancel(w) {
+			<-w.Done()
+			return granted()
+		}
+		return fencekv.Lease{}, n.lockHeld(name)
+	case <-ctx.Done():
+		if !n.m.Cancel(w) {
+			<-w.Done()
+			if w.Err == nil {
+				// Nobody will use this grant: give the lock to the next.
+				_, _ = n.propose(context.Background(), fencekv.Command{Op: fencekv.OpRelease,
+					Lease: fencekv.LeaseRequest{Name: name}, Token: w.Grant.Token})
+			}
+		}
+		return fencekv.Lease{}, ctx.Err()
+	}
+}
+
+func (n *Node) lockHeld(name string) error {
+	in, err := n.m.LockInfo(n.now(), name)
+	if err != nil {
+		return err
+	}
+	return fencekv.LockHeld(in, n.opts.MinTTL)
+}
+
+// Renew gives the lease its full TTL again.
+func (n *Node) Renew(ctx context.Context, name string, token fencekv.Token) (time.Duration, error) {
+	if err := n.opts.CheckName(name); err != nil {
+		return 0, err
+	}
+	c := fencekv.Command{Op: fencekv.OpRenew, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
+	return route(ctx, n, true, func() (time.Duration, error) {
+		r, err := n.propose(ctx, c)
+		if err == nil {
+			err = r.Err
+		}
+		return r.TTL, err
+	}, func(cl *wire.Client) (time.Duration, error) { return cl.Renew(ctx, name, token) })
+}
+
+// Release frees the lock if token holds it.
+func (n *Node) Release(ctx context.Context, name string, token fencekv.Token) error {
+	if err := n.opts.CheckName(name); err != nil {
+		return err
+	}
+	c := fencekv.Command{Op: fencekv.OpRelease, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
+	_, err := route(ctx, n, true, func() (struct{}, error) {
+		r, err := n.propose(ctx, c)
+		if err == nil {
+			err = r.Err
+		}
+		return struct{}{}, err
+	}, func(cl *wire.Client) (struct{}, error) { return struct{}{}, cl.Release(ctx, name, token) })
+	return err
+}
+
+// Status describes this node and the store as this node has applied it.
+func (n *Node) Status(ctx context.Context) (fencekv.Status, error) {
+	s := fencekv.Status{
+		Version:      fencekv.Version,
+		Node:         n.cfg.Name,
+		Role:         role(n.raft.State()),
+		Term:         n.raft.CurrentTerm(),
+		CommitIndex:  n.raft.CommitIndex(),
+		AppliedIndex: n.raft.AppliedIndex(),
+	}
+	if _, id := n.raft.LeaderWithID(); id != "" {
+		if m, ok := n.mdel.meta(string(id)); ok {
+			s.Leader = m.Client
+		} else if string(id) == n.cfg.Name {
+			s.Leader = n.cfg.ClientAddr
+		}
+	}
+	return s, n.m.Counters(&s)
+}

@@ -1,0 +1,92 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"sync"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// forwarder keeps one connection to the leader's client address and sends
+// other nodes' requests there: one hop, over the same protocol clients
+// speak.
+type forwarder struct {
+	n      *Node
+	mu     sync.Mutex // guards c, addr, closed
+	c      *wire.Client
+	addr   string
+	closed bool
+}
+
+// client returns a connection to addr, dialing one if needed.
+func (f *forwarder) client(ctx context.Context, addr string) (*wire.Client, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.closed {
+		return nil, errClosed
+	}
+	if f.c != nil && f.addr == addr {
+		return f.c, nil
+	}
+	if f.c != nil {
+		f.c.Close()
+		f.c = nil
+	}
+	c, err := wire.Dial(ctx, addr)
+	if err != nil {
+		return nil, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "cannot reach the leader: " + err.Error()}
+	}
+	f.c, f.addr = c, addr
+	return c, nil
+}
+
+// leaderChanged drops the connection to a node that no longer leads:
+// requests in flight there fail (a write's outcome is unknown), so that a
+// client is never left waiting on an old leader that is paused or cut
+// off.
+func (f *forwarder) leaderChanged(addr string) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.c != nil && f.addr != addr {
+		f.c.Close()
+		f.c = nil
+	}
+}
+
+// broken drops c after a connection error, so the next call redials.
+func (f *forwarder) broken(c *wire.Client) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if f.c == c {
+		f.c.Close()
+		f.c = nil
+	}
+}
+
+func (f *forwarder) close() {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.closed = true
+	if f.c != nil {
+		f.c.Close()
+		f.c = nil
+	}
+}
+
+// forwardError turns a failure to reach the leader into unavailable;
+// write says the request may have been applied before the connection
+// broke.
+func (f *forwarder) forwardError(c *wire.Client, err error, write bool) error {
+	var fe *fencekv.Error
+	if errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return err
+	}
+	f.broken(c)
+	e := &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "lost the connection to the leader: " + err.Error()}
+	if write {
+		e.Outcome = fencekv.OutcomeUnknown
+	}
+	return e
+}

@@ -1,0 +1,164 @@
+package cluster
+
+import (
+	"fmt"
+	"io"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/hashicorp/raft"
+)
+
+// fsm is raft's state machine: the engine's Machine, applied one batch of
+// committed log entries at a time. Each command entry holds a batch of
+// commands (fencekv.EncodeBatch); their results go back to the proposer
+// through raft's ApplyFuture.
+//
+// The Machine keeps its state in its own bbolt file, with the last raft
+// index it applied, so a restarted node does not need raft to restore a
+// snapshot (NoSnapshotRestoreOnStart): entries at or below that index are
+// skipped on replay.
+//
+// Threading (raft's contract): ApplyBatch, Snapshot and Restore are called
+// from raft's FSM goroutine, one at a time; a snapshot's Persist runs
+// concurrently with later ApplyBatch calls.
+type fsm struct {
+	m   *fencekv.Machine
+	log *slog.Logger
+
+	// freed receives the names of locks that a command freed (a release
+	// or an expiry), for the leader's hand-off to waiters.
+	freed func(name string)
+
+	mu      sync.Mutex
+	applied uint64        // guarded by mu: the last raft index applied
+	change  chan struct{} // guarded by mu: closed (and replaced) when applied moves
+
+	sinceCkpt int
+	lastCkpt  time.Time
+}
+
+var (
+	_ raft.FSM         = (*fsm)(nil)
+	_ raft.BatchingFSM = (*fsm)(nil)
+)
+
+// checkpointEvery and checkpointEntries bound how far the data file lags
+// the raft log (the log is durable; the file catches up at checkpoints).
+const (
+	checkpointEvery   = 200 * time.Millisecond
+	checkpointEntries = 4096
+)
+
+func newFSM(m *fencekv.Machine, log *slog.Logger, freed func(string)) *fsm {
+	return &fsm{m: m, log: log, freed: freed, applied: m.Applied(), change: make(chan struct{}), lastCkpt: time.Now()}
+}
+
+// Apply applies one entry.
+func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
+
+// ApplyBatch applies committed entries in order. A command entry's
+// response is a []fencekv.Result, one per command; an entry the machine
+// could not apply (it failed: storage error, or a log of a newer version)
+// answers an error, and the machine stays failed.
+func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
+	out := make([]any, len(logs))
+	var last uint64
+	for i, l := range logs {
+		last = l.Index
+		if l.Type != raft.LogCommand || l.Index <= f.m.Applied() {
+			continue // configuration entries change no state of ours; old entries are in the file
+		}
+		out[i] = f.applyEntry(l)
+	}
+	f.m.Publish(last)
+	f.sinceCkpt += len(logs)
+	if f.sinceCkpt >= checkpointEntries || time.Since(f.lastCkpt) >= checkpointEvery {
+		if err := f.m.Checkpoint(); err != nil {
+			f.log.Error("checkpoint failed; this node stops applying until restart", "err", err)
+		}
+		f.sinceCkpt, f.lastCkpt = 0, time.Now()
+	}
+	f.setApplied(last)
+	return out
+}
+
+func (f *fsm) applyEntry(l *raft.Log) any {
+	cmds, err := fencekv.DecodeBatch(l.Data)
+	if err != nil {
+		err = fmt.Errorf("cluster: raft entry %d: %w", l.Index, err)
+		f.m.Fail(err)
+		f.log.Error("cannot apply the replicated log; this node stops applying", "err", err)
+		return err
+	}
+	res := make([]fencekv.Result, len(cmds))
+	for i := range cmds {
+		r, err := f.m.Apply(&cmds[i])
+		if err != nil {
+			f.log.Error("applying the replicated log failed; this node stops applying until restart", "index", l.Index, "err", err)
+			return err
+		}
+		res[i] = r
+		if r.Freed && f.freed != nil {
+			f.freed(cmds[i].Lease.Name)
+		}
+	}
+	return res
+}
+
+func (f *fsm) setApplied(i uint64) {
+	f.mu.Lock()
+	if i > f.applied {
+		f.applied = i
+		close(f.change)
+		f.change = make(chan struct{})
+	}
+	f.mu.Unlock()
+}
+
+// appliedIndex returns the last index applied and a channel closed when
+// it next moves.
+func (f *fsm) appliedIndex() (uint64, <-chan struct{}) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.applied, f.change
+}
+
+// Snapshot checkpoints the machine and returns its data file as of now.
+func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
+	s, err := f.m.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	f.sinceCkpt, f.lastCkpt = 0, time.Now()
+	return &snapshot{s}, nil
+}
+
+// Restore replaces the machine's state with a snapshot from the leader.
+func (f *fsm) Restore(rc io.ReadCloser) error {
+	defer rc.Close()
+	if err := f.m.Restore(rc); err != nil {
+		return err
+	}
+	f.mu.Lock()
+	f.applied = f.m.Applied()
+	close(f.change)
+	f.change = make(chan struct{})
+	f.mu.Unlock()
+	return nil
+}
+
+// snapshot streams a machine snapshot to raft's snapshot store.
+type snapshot struct{ s *fencekv.Snapshot }
+
+func (s *snapshot) Persist(sink raft.SnapshotSink) error {
+	if _, err := s.s.WriteTo(sink); err != nil {
+		sink.Cancel()
+		return err
+	}
+	return sink.Close()
+}
+
+func (s *snapshot) Release() { s.s.Close() }

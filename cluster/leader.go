@@ -1,0 +1,352 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/hashicorp/raft"
+)
+
+// What only the leader does. When raft makes this node leader, it first
+// applies everything committed (a barrier), then proposes a rearm stamped
+// with its time and term: every live lease gets its full TTL again on the
+// new leader's clock (G7). Only once the rearm is applied does it take
+// commands (ready), so every command of its term comes after the rearm in
+// the log, and an expiry proposed by an older leader can never land (the
+// machine ignores expiries from a term before the last rearm). While it
+// leads it runs the expiry loop and hands freed locks to queued waiters.
+
+// watchLeader follows raft's view of who leads, for the forwarder.
+func (n *Node) watchLeader(obs chan raft.Observation) {
+	defer n.wg.Done()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case o := <-obs:
+			lo, ok := o.Data.(raft.LeaderObservation)
+			if !ok {
+				continue
+			}
+			addr := ""
+			if m, ok := n.mdel.meta(string(lo.LeaderID)); ok && string(lo.LeaderID) != n.cfg.Name {
+				addr = m.Client
+			}
+			n.fwd.leaderChanged(addr)
+			n.setLeadership(n.isReady()) // wake requests waiting for a leader
+		}
+	}
+}
+
+// watchLeadership follows raft's leadership notifications.
+func (n *Node) watchLeadership() {
+	defer n.wg.Done()
+	var stopLeading func()
+	defer func() {
+		if stopLeading != nil {
+			stopLeading()
+		}
+	}()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case leader := <-n.notify:
+			if stopLeading != nil {
+				stopLeading()
+				stopLeading = nil
+			}
+			if !leader {
+				n.setLeadership(false, 0)
+				n.drainWaiters(errLostLeadership)
+				continue
+			}
+			stopLeading = n.startLeading()
+		}
+	}
+}
+
+// startLeading runs lead until the returned stop is called.
+func (n *Node) startLeading() (stop func()) {
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		n.lead(ctx)
+	}()
+	return func() {
+		cancel()
+		<-done
+	}
+}
+
+var errLostLeadership = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "this node lost the leadership; queue again"}
+
+// lead runs while this node is leader.
+func (n *Node) lead(ctx context.Context) {
+	term := n.raft.CurrentTerm()
+	for {
+		err := n.takeOver(term)
+		if err == nil {
+			break
+		}
+		n.log.Warn("taking over as leader", "term", term, "err", err)
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(50 * time.Millisecond):
+		}
+		if n.raft.State() != raft.Leader {
+			return
+		}
+	}
+	n.log.Info("leading", "term", term)
+	n.setLeadership(true, term)
+	var wg sync.WaitGroup
+	wg.Go(func() { n.expiryLoop(ctx, term) })
+	wg.Go(func() { n.handoffLoop(ctx, term) })
+	wg.Go(func() { n.reconcileLoop(ctx) })
+	wg.Wait()
+	n.setLeadership(false, 0)
+}
+
+// takeOver applies everything committed, then re-arms every lease.
+func (n *Node) takeOver(term uint64) error {
+	if err := n.raft.Barrier(n.cfg.HoldTimeout).Error(); err != nil {
+		return fmt.Errorf("barrier: %w", err)
+	}
+	_, err := n.apply(fencekv.Command{Op: fencekv.OpRearm, Now: n.now(), Term: term})
+	return err
+}
+
+func (n *Node) isReady() (bool, uint64) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.ready, n.term
+}
+
+// setLeadership records whether this node is a ready leader, and wakes
+// everyone waiting for a change.
+func (n *Node) setLeadership(ready bool, term uint64) {
+	n.mu.Lock()
+	n.ready, n.term = ready, term
+	close(n.change)
+	n.change = make(chan struct{})
+	n.mu.Unlock()
+}
+
+// errForward says the request is for the leader at addr.
+type errForward struct{ addr string }
+
+func (e errForward) Error() string { return "forward to " + e.addr }
+
+// awaitReady returns this node's term once it is a ready leader, or
+// errForward when another node leads, waiting up to HoldTimeout (and
+// within ctx) while there is no leader.
+func (n *Node) awaitReady(ctx context.Context) (uint64, error) {
+	var timer *time.Timer
+	for {
+		n.mu.Lock()
+		ready, term, change := n.ready, n.term, n.change
+		n.mu.Unlock()
+		if ready {
+			return term, nil
+		}
+		if addr, ok := n.leaderClientAddr(); ok {
+			return 0, errForward{addr}
+		}
+		if timer == nil {
+			timer = time.NewTimer(n.cfg.HoldTimeout)
+			defer timer.Stop()
+		}
+		select {
+		case <-change:
+		case <-time.After(20 * time.Millisecond): // raft names a leader without telling us; look again
+		case <-timer.C:
+			return 0, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: fmt.Sprintf("no leader after %v", n.cfg.HoldTimeout)}
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		case <-n.stop:
+			return 0, errClosed
+		}
+	}
+}
+
+// leaderClientAddr is the client address of the node raft says leads, if
+// it is another node and gossip knows it.
+func (n *Node) leaderClientAddr() (string, bool) {
+	_, id := n.raft.LeaderWithID()
+	if id == "" || string(id) == n.cfg.Name {
+		return "", false
+	}
+	m, ok := n.mdel.meta(string(id))
+	if !ok || m.Client == "" {
+		return "", false
+	}
+	return m.Client, true
+}
+
+// apply proposes one command (stamped by the caller) and waits for its
+// result. An error that is not a *fencekv.Error's refusal says whether
+// the command may have been applied.
+func (n *Node) apply(c fencekv.Command) (fencekv.Result, error) {
+	f := n.raft.Apply(fencekv.EncodeBatch([]fencekv.Command{c}), n.cfg.HoldTimeout)
+	if err := f.Error(); err != nil {
+		switch {
+		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
+			return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "not applied: " + err.Error()}
+		default:
+			// Lost leadership after the entry was appended, or shut
+			// down: it may yet commit.
+			return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown,
+				Message: "outcome unknown: " + err.Error()}
+		}
+	}
+	switch r := f.Response().(type) {
+	case []fencekv.Result:
+		if len(r) == 1 {
+			return r[0], nil
+		}
+	case error:
+		return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown, Message: r.Error()}
+	}
+	return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("unexpected raft response %T", f.Response())}
+}
+
+// propose runs c on the leader: here if this node is the ready leader
+// (stamping its time and term), else errForward.
+func (n *Node) propose(ctx context.Context, c fencekv.Command) (fencekv.Result, error) {
+	term, err := n.awaitReady(ctx)
+	if err != nil {
+		return fencekv.Result{}, err
+	}
+	c.Now, c.Term = n.now(), term
+	return n.apply(c)
+}
+
+// expiryLoop proposes an expire command for each lock whose lease or
+// lock-delay is due by this leader's clock.
+func (n *Node) expiryLoop(ctx context.Context, term uint64) {
+	for {
+		at, ok := n.m.NextDue()
+		var t *time.Timer
+		var fire <-chan time.Time
+		if ok {
+			d := at - n.now()
+			if d <= 0 {
+				for _, name := range n.m.DueLocks(n.now(), n.opts.MaxBatch) {
+					if _, err := n.apply(fencekv.Command{Op: fencekv.OpExpire, Now: n.now(), Term: term,
+						Lease: fencekv.LeaseRequest{Name: name}}); err != nil {
+						n.log.Warn("expire", "lock", name, "err", err)
+						if !n.pause(ctx, 50*time.Millisecond) {
+							return
+						}
+					}
+				}
+				continue
+			}
+			t = time.NewTimer(d)
+			fire = t.C
+		}
+		select {
+		case <-fire:
+		case <-n.m.Wake():
+		case <-ctx.Done():
+		}
+		if t != nil {
+			t.Stop()
+		}
+		if ctx.Err() != nil {
+			return
+		}
+	}
+}
+
+// pause waits d unless ctx ends first; it reports whether ctx is live.
+func (n *Node) pause(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// freed is called by the FSM when a command frees a lock: on the leader,
+// its hand-off loop gives it to the first waiter.
+func (n *Node) freed(name string) {
+	if n.m.Waiting(name) == 0 {
+		return
+	}
+	n.kick(name)
+}
+
+// kick asks the hand-off loop to look at name.
+func (n *Node) kick(name string) {
+	n.hmu.Lock()
+	if n.kicked == nil {
+		n.kicked = map[string]struct{}{}
+	}
+	n.kicked[name] = struct{}{}
+	n.hmu.Unlock()
+	select {
+	case n.hwake <- struct{}{}:
+	default:
+	}
+}
+
+// handoffLoop grants freed locks to their first waiter, one proposal
+// each. If someone else took the lock first, the waiter goes back to the
+// head of its queue for the next release or expiry.
+func (n *Node) handoffLoop(ctx context.Context, term uint64) {
+	for {
+		n.hmu.Lock()
+		names := n.kicked
+		n.kicked = nil
+		n.hmu.Unlock()
+		for name := range names {
+			for {
+				if in, err := n.m.LockInfo(n.now(), name); err != nil || in.Held || in.Delay > 0 {
+					break // still taken: its release or expiry kicks again
+				}
+				w := n.m.Pop(name)
+				if w == nil {
+					break
+				}
+				r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Now: n.now(), Term: term, Lease: w.Req})
+				if err == nil && errors.Is(r.Err, fencekv.ErrLockHeld) {
+					n.m.Requeue(w)
+					break
+				}
+				if err == nil {
+					err = r.Err
+				}
+				w.Finish(r.Grant, err)
+				if err == nil {
+					break
+				}
+			}
+		}
+		select {
+		case <-n.hwake:
+		case <-ctx.Done():
+			return
+		}
+	}
+}
+
+// drainWaiters answers every queued waiter with err (the node lost the
+// leadership or is closing: the callers queue again elsewhere).
+func (n *Node) drainWaiters(err error) {
+	for _, name := range n.m.QueuedLocks() {
+		for w := n.m.Pop(name); w != nil; w = n.m.Pop(name) {
+			w.Finish(fencekv.Grant{}, err)
+		}
+	}
+}

@@ -1,0 +1,406 @@
+package cluster
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"slices"
+	"strconv"
+	"sync"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+)
+
+// Membership by gossip. Each node publishes its name and addresses (and
+// whether it has raft state) in its memberlist metadata. A new cluster
+// bootstraps once BootstrapExpect servers without state see each other
+// (every one of them bootstraps the same configuration, as Consul does).
+// After that the leader adds to the raft configuration every server it
+// sees by gossip, and removes one that gossip has found dead for longer
+// than ReapAfter, as long as the servers still alive keep a quorum.
+
+// goneNode is a node gossip has found dead or left, and since when.
+type goneNode struct {
+	since time.Time
+	state string
+}
+
+// nodeMeta is what a node tells the others about itself.
+type nodeMeta struct {
+	Client string `json:"client"`
+	Raft   string `json:"raft"`
+	Gossip string `json:"gossip"`
+	State  bool   `json:"state"` // it has raft state (bootstrapped, or joined a cluster)
+}
+
+// members is memberlist's delegate: it serves this node's metadata and
+// keeps what it learns of the others.
+type members struct {
+	n    *Node
+	mu   sync.Mutex          // guards self, all, gone
+	self nodeMeta            // this node's metadata
+	all  map[string]nodeMeta // by node name, every node seen (alive or not)
+	gone map[string]goneNode // nodes gossip has found dead or left
+	kick chan struct{}       // a change the bootstrap and reconcile loops look at
+}
+
+var (
+	_ memberlist.Delegate      = (*members)(nil)
+	_ memberlist.EventDelegate = (*members)(nil)
+)
+
+func (d *members) NodeMeta(limit int) []byte {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	b, _ := json.Marshal(d.self)
+	if len(b) > limit {
+		return nil
+	}
+	return b
+}
+
+func (d *members) NotifyMsg([]byte)                           {}
+func (d *members) GetBroadcasts(overhead, limit int) [][]byte { return nil }
+func (d *members) LocalState(join bool) []byte                { return nil }
+func (d *members) MergeRemoteState(buf []byte, join bool)     {}
+
+func (d *members) NotifyJoin(node *memberlist.Node)   { d.update(node, "alive") }
+func (d *members) NotifyUpdate(node *memberlist.Node) { d.update(node, "alive") }
+
+// NotifyLeave is called for a node that left or was found dead (the node
+// it is given may still say alive).
+func (d *members) NotifyLeave(node *memberlist.Node) {
+	state := "dead"
+	if node.State == memberlist.StateLeft {
+		state = "left"
+	}
+	d.update(node, state)
+}
+
+func (d *members) update(node *memberlist.Node, state string) {
+	alive := state == "alive"
+	var m nodeMeta
+	if err := json.Unmarshal(node.Meta, &m); err != nil {
+		d.n.log.Debug("gossip: a member without fencekv metadata", "member", node.Name, "err", err)
+		return
+	}
+	d.n.log.Debug("gossip: member changed", "member", node.Name, "state", state)
+	d.mu.Lock()
+	d.all[node.Name] = m
+	if alive {
+		delete(d.gone, node.Name)
+	} else if g, ok := d.gone[node.Name]; !ok {
+		d.gone[node.Name] = goneNode{time.Now(), state}
+	} else {
+		g.state = state
+		d.gone[node.Name] = g
+	}
+	d.mu.Unlock()
+	select {
+	case d.kick <- struct{}{}:
+	default:
+	}
+}
+
+// meta returns what gossip knows of a node.
+func (d *members) meta(name string) (nodeMeta, bool) {
+	if d == nil {
+		return nodeMeta{}, false
+	}
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if name == d.n.cfg.Name {
+		return d.self, true
+	}
+	m, ok := d.all[name]
+	return m, ok
+}
+
+// startGossip starts memberlist on the gossip address, joins the given
+// members (retrying in the background until one answers), and starts the
+// bootstrap loop if the node has no raft state.
+func (n *Node) startGossip() error {
+	host, port, err := net.SplitHostPort(n.cfg.GossipAddr)
+	if err != nil {
+		return err
+	}
+	p, err := strconv.Atoi(port)
+	if err != nil {
+		return fmt.Errorf("cluster: gossip port %q: %w", port, err)
+	}
+	hasState, err := raft.HasExistingState(n.store, n.store, nopSnapshots{})
+	if err != nil {
+		return err
+	}
+	n.mdel = &members{
+		n:    n,
+		self: nodeMeta{Client: n.cfg.ClientAddr, Raft: n.cfg.RaftAddr, Gossip: n.cfg.GossipAddr, State: hasState},
+		all:  map[string]nodeMeta{},
+		gone: map[string]goneNode{},
+		kick: make(chan struct{}, 1),
+	}
+	mc := memberlist.DefaultLANConfig()
+	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
+		mc = memberlist.DefaultLocalConfig()
+	}
+	mc.Name = n.cfg.Name
+	mc.BindAddr, mc.BindPort = host, p
+	mc.AdvertiseAddr, mc.AdvertisePort = host, p
+	mc.Delegate = n.mdel
+	mc.Events = n.mdel
+	mc.LogOutput = slogWriter{n.log.With("component", "gossip")}
+	n.ml, err = memberlist.Create(mc)
+	if err != nil {
+		return fmt.Errorf("cluster: gossip: %w", err)
+	}
+	if len(n.cfg.Join) > 0 {
+		n.wg.Add(1)
+		go n.joinLoop()
+	}
+	if !hasState && n.cfg.BootstrapExpect > 0 {
+		n.wg.Add(1)
+		go n.bootstrapLoop()
+	}
+	return nil
+}
+
+// nopSnapshots lets raft.HasExistingState look at the log and term only.
+type nopSnapshots struct{ raft.SnapshotStore }
+
+func (nopSnapshots) List() ([]*raft.SnapshotMeta, error) { return nil, nil }
+
+// joinLoop joins the listed members, retrying until one answers.
+func (n *Node) joinLoop() {
+	defer n.wg.Done()
+	backoff := 100 * time.Millisecond
+	for {
+		k, err := n.ml.Join(n.cfg.Join)
+		if k > 0 {
+			n.log.Info("joined the cluster's gossip", "via", n.cfg.Join, "answered", k)
+			return
+		}
+		n.log.Debug("join: no member answered yet; retrying", "err", err, "in", backoff)
+		select {
+		case <-n.stop:
+			return
+		case <-time.After(backoff):
+		}
+		backoff = min(2*backoff, 2*time.Second)
+	}
+}
+
+// bootstrapLoop bootstraps the raft configuration once BootstrapExpect
+// servers, none of them with state, see each other.
+func (n *Node) bootstrapLoop() {
+	defer n.wg.Done()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-n.mdel.kick:
+		case <-tick.C:
+		}
+		if n.raft.Leader() != "" {
+			return // joined a cluster that already runs
+		}
+		var servers []raft.Server
+		fresh := true
+		for _, node := range n.ml.Members() {
+			if node.State != memberlist.StateAlive {
+				continue
+			}
+			m, ok := n.mdel.meta(node.Name)
+			if !ok {
+				continue
+			}
+			fresh = fresh && !m.State
+			servers = append(servers, raft.Server{ID: raft.ServerID(node.Name), Address: raft.ServerAddress(m.Raft), Suffrage: raft.Voter})
+		}
+		if !fresh {
+			n.log.Info("a member already has raft state: waiting to be added, not bootstrapping")
+			return
+		}
+		if len(servers) < n.cfg.BootstrapExpect {
+			continue
+		}
+		slices.SortFunc(servers, func(a, b raft.Server) int { return cmpString(string(a.ID), string(b.ID)) })
+		err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
+		if err != nil && err != raft.ErrCantBootstrap {
+			n.log.Error("bootstrap", "err", err)
+			continue
+		}
+		n.log.Info("bootstrapped the cluster", "servers", len(servers))
+		n.mdel.mu.Lock()
+		n.mdel.self.State = true
+		n.mdel.mu.Unlock()
+		if err := n.ml.UpdateNode(time.Second); err != nil {
+			n.log.Warn("gossip update", "err", err)
+		}
+		return
+	}
+}
+
+func cmpString(a, b string) int {
+	switch {
+	case a < b:
+		return -1
+	case a > b:
+		return 1
+	}
+	return 0
+}
+
+// reconcileLoop runs on the leader: it adds the servers gossip sees and
+// raft does not have, and reaps the ones gossip has found gone for longer
+// than ReapAfter.
+func (n *Node) reconcileLoop(ctx context.Context) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	for {
+		n.reconcile()
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.mdel.kick:
+		case <-tick.C:
+		}
+	}
+}
+
+func (n *Node) reconcile() {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return
+	}
+	cfg := f.Configuration()
+	inRaft := map[string]raft.Server{}
+	for _, s := range cfg.Servers {
+		inRaft[string(s.ID)] = s
+	}
+	alive := map[string]bool{}
+	for _, node := range n.ml.Members() {
+		if node.State != memberlist.StateAlive {
+			continue
+		}
+		alive[node.Name] = true
+		m, ok := n.mdel.meta(node.Name)
+		if !ok {
+			continue
+		}
+		if s, ok := inRaft[node.Name]; ok && string(s.Address) == m.Raft {
+			continue
+		}
+		n.log.Info("adding a server to the raft configuration", "server", node.Name, "raft", m.Raft)
+		if err := n.raft.AddVoter(raft.ServerID(node.Name), raft.ServerAddress(m.Raft), 0, 0).Error(); err != nil {
+			n.log.Warn("adding a server", "server", node.Name, "err", err)
+			return
+		}
+	}
+	n.mdel.mu.Lock()
+	gone := map[string]time.Time{}
+	for k, v := range n.mdel.gone {
+		gone[k] = v.since
+	}
+	n.mdel.mu.Unlock()
+	voters, live := 0, 0
+	for _, s := range cfg.Servers {
+		if s.Suffrage == raft.Voter {
+			voters++
+			if alive[string(s.ID)] || string(s.ID) == n.cfg.Name {
+				live++
+			}
+		}
+	}
+	for _, s := range cfg.Servers {
+		id := string(s.ID)
+		since, ok := gone[id]
+		if id == n.cfg.Name || alive[id] || !ok || time.Since(since) < n.cfg.ReapAfter {
+			continue
+		}
+		// Never leave the live servers short of a quorum of what remains.
+		if live < (voters-1)/2+1 {
+			continue
+		}
+		n.log.Warn("removing a server gossip has found gone", "server", id, "since", since)
+		if err := n.raft.RemoveServer(s.ID, 0, 0).Error(); err != nil {
+			n.log.Warn("removing a server", "server", id, "err", err)
+			return
+		}
+		voters--
+	}
+}
+
+// Member describes one node of the cluster.
+type Member = fencekv.Member
+
+// Members lists the nodes gossip and raft know of.
+func (n *Node) Members(ctx context.Context) ([]fencekv.Member, error) {
+	var out []fencekv.Member
+	index := map[string]int{}
+	_, leader := n.raft.LeaderWithID()
+	for _, node := range n.ml.Members() {
+		m, _ := n.mdel.meta(node.Name)
+		index[node.Name] = len(out)
+		out = append(out, fencekv.Member{Node: node.Name, ClientAddr: m.Client, RaftAddr: m.Raft, GossipAddr: m.Gossip, State: stateName(node.State)})
+	}
+	n.mdel.mu.Lock()
+	for name, m := range n.mdel.all {
+		if _, ok := index[name]; !ok {
+			state := "dead"
+			if g, ok := n.mdel.gone[name]; ok {
+				state = g.state
+			}
+			index[name] = len(out)
+			out = append(out, fencekv.Member{Node: name, ClientAddr: m.Client, RaftAddr: m.Raft, GossipAddr: m.Gossip, State: state})
+		}
+	}
+	n.mdel.mu.Unlock()
+	if f := n.raft.GetConfiguration(); f.Error() == nil {
+		for _, s := range f.Configuration().Servers {
+			i, ok := index[string(s.ID)]
+			if !ok {
+				i = len(out)
+				out = append(out, fencekv.Member{Node: string(s.ID), RaftAddr: string(s.Address), State: "unknown"})
+			}
+			out[i].Voter = s.Suffrage == raft.Voter
+			out[i].RaftRole = "follower"
+			if s.ID == leader {
+				out[i].RaftRole = "leader"
+			}
+		}
+	}
+	slices.SortFunc(out, func(a, b fencekv.Member) int { return cmpString(a.Node, b.Node) })
+	return out, nil
+}
+
+func stateName(s memberlist.NodeStateType) string {
+	switch s {
+	case memberlist.StateAlive:
+		return "alive"
+	case memberlist.StateSuspect:
+		return "suspect"
+	case memberlist.StateDead:
+		return "dead"
+	case memberlist.StateLeft:
+		return "left"
+	}
+	return "unknown"
+}
+
+func role(s raft.RaftState) string {
+	switch s {
+	case raft.Leader:
+		return "leader"
+	case raft.Follower:
+		return "follower"
+	case raft.Candidate:
+		return "candidate"
+	}
+	return "shutdown"
+}

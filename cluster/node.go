@@ -1,0 +1,286 @@
+package cluster
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/memberlist"
+	"github.com/hashicorp/raft"
+	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+)
+
+// Files of a node's data dir, beside the engine's data file.
+const (
+	nameFile      = "node"      // the node's name, fixed at its first start
+	raftFile      = "raft.db"   // raft's log and its term and vote (raft-boltdb)
+	snapshotsDir  = "snapshots" // raft's snapshots of the data file
+	keepSnapshots = 2
+)
+
+// Node is one member of a cluster. It serves the same methods as a
+// single-node fencekv.DB (wire.Engine), on every node: the leader
+// proposes writes and lock commands through raft and answers reads after
+// a quorum round; the others forward to it.
+//
+// Its methods are safe for concurrent use.
+type Node struct {
+	cfg   Config
+	opts  *fencekv.Options
+	log   *slog.Logger
+	epoch time.Time
+
+	m     *fencekv.Machine // write side owned by raft's FSM goroutine
+	fsm   *fsm
+	raft  *raft.Raft
+	trans *raft.NetworkTransport
+	store *raftboltdb.BoltStore
+	ml    *memberlist.Memberlist
+	mdel  *members
+
+	mu     sync.Mutex    // guards ready, term, change, leads
+	ready  bool          // this node leads, and its rearm has been applied
+	term   uint64        // the term in which it became ready
+	change chan struct{} // closed (and replaced) when leadership or readiness changes
+
+	notify   chan bool // raft's leadership notifications
+	observer *raft.Observer
+
+	hmu    sync.Mutex          // guards kicked
+	kicked map[string]struct{} // locks freed (or with a new waiter) for the hand-off loop to look at
+	hwake  chan struct{}       // wakes the hand-off loop
+
+	reads verifier
+	fwd   forwarder
+
+	stop chan struct{} // closed by Close
+	wg   sync.WaitGroup
+
+	closeOnce sync.Once
+	closeErr  error
+}
+
+var _ wire.Engine = (*Node)(nil)
+
+// Open starts a node: its state machine, raft and gossip. It returns once
+// the node is serving (it may not have a leader yet; requests wait for one
+// up to HoldTimeout).
+func Open(cfg Config) (n *Node, err error) {
+	if err := cfg.validate(); err != nil {
+		return nil, err
+	}
+	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
+		return nil, fmt.Errorf("cluster: data dir: %w", err)
+	}
+	if err := checkName(cfg.Dir, cfg.Name); err != nil {
+		return nil, err
+	}
+	n = &Node{
+		cfg:    cfg,
+		opts:   &cfg.Engine,
+		log:    cfg.Engine.Logger,
+		change: make(chan struct{}),
+		stop:   make(chan struct{}),
+		hwake:  make(chan struct{}, 1),
+	}
+	if n.log == nil {
+		n.log = slog.New(slog.DiscardHandler)
+	}
+	n.log = n.log.With("node", cfg.Name)
+	n.epoch = time.Now()
+	var closers []io.Closer
+	defer func() {
+		if err != nil {
+			for i := len(closers) - 1; i >= 0; i-- {
+				closers[i].Close()
+			}
+		}
+	}()
+
+	n.m, err = fencekv.OpenMachine(filepath.Join(cfg.Dir, fencekv.DataFile), cfg.Engine.NoSync)
+	if err != nil {
+		return nil, err
+	}
+	closers = append(closers, n.m)
+	n.fsm = newFSM(n.m, n.log, n.freed)
+
+	if err := n.startRaft(); err != nil {
+		return nil, err
+	}
+	closers = append(closers, closerFunc(func() error { return n.raft.Shutdown().Error() }), n.trans, n.store)
+
+	n.reads.n = n
+	n.fwd.n = n
+	if err := n.startGossip(); err != nil {
+		return nil, err
+	}
+	obs := make(chan raft.Observation, 16)
+	n.observer = raft.NewObserver(obs, false, func(o *raft.Observation) bool {
+		_, ok := o.Data.(raft.LeaderObservation)
+		return ok
+	})
+	n.raft.RegisterObserver(n.observer)
+	n.wg.Add(2)
+	go n.watchLeadership()
+	go n.watchLeader(obs)
+	return n, nil
+}
+
+type closerFunc func() error
+
+func (f closerFunc) Close() error { return f() }
+
+// checkName records the node's name in its data dir at first start, and
+// refuses a data dir that belongs to another node.
+func checkName(dir, name string) error {
+	path := filepath.Join(dir, nameFile)
+	b, err := os.ReadFile(path)
+	switch {
+	case errors.Is(err, os.ErrNotExist):
+		return os.WriteFile(path, []byte(name+"\n"), 0o600)
+	case err != nil:
+		return fmt.Errorf("cluster: %w", err)
+	case strings.TrimSpace(string(b)) != name:
+		return fmt.Errorf("cluster: data dir %s belongs to node %q, not %q", dir, strings.TrimSpace(string(b)), name)
+	}
+	return nil
+}
+
+func (n *Node) startRaft() error {
+	rc := raft.DefaultConfig()
+	rc.LocalID = raft.ServerID(n.cfg.Name)
+	rc.HeartbeatTimeout = n.cfg.HeartbeatTimeout
+	rc.ElectionTimeout = n.cfg.ElectionTimeout
+	rc.LeaderLeaseTimeout = n.cfg.HeartbeatTimeout / 2
+	rc.SnapshotThreshold = n.cfg.SnapshotThreshold
+	rc.SnapshotInterval = n.cfg.SnapshotInterval
+	rc.TrailingLogs = n.cfg.TrailingLogs
+	rc.NoSnapshotRestoreOnStart = true // the machine keeps its own state (fsm.go)
+	rc.BatchApplyCh = true
+	rc.MaxAppendEntries = 256
+	notify := make(chan bool, 16)
+	rc.NotifyCh = notify
+	n.notify = notify
+	rc.Logger = hclog.New(&hclog.LoggerOptions{
+		Name:   "raft",
+		Level:  hclog.Warn,
+		Output: slogWriter{n.log},
+	})
+
+	var err error
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.Dir, raftFile), NoSync: n.cfg.Engine.NoSync})
+	if err != nil {
+		return fmt.Errorf("cluster: raft log: %w", err)
+	}
+	snaps, err := raft.NewFileSnapshotStoreWithLogger(filepath.Join(n.cfg.Dir, snapshotsDir), keepSnapshots, rc.Logger)
+	if err != nil {
+		n.store.Close()
+		return fmt.Errorf("cluster: raft snapshots: %w", err)
+	}
+	addr, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAddr)
+	if err != nil {
+		n.store.Close()
+		return fmt.Errorf("cluster: raft address: %w", err)
+	}
+	n.trans, err = raft.NewTCPTransportWithLogger(n.cfg.RaftAddr, addr, 3, 10*time.Second, rc.Logger)
+	if err != nil {
+		n.store.Close()
+		return fmt.Errorf("cluster: raft transport: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.trans)
+	if err != nil {
+		n.trans.Close()
+		n.store.Close()
+		return fmt.Errorf("cluster: raft: %w", err)
+	}
+	return nil
+}
+
+// slogWriter carries raft's and memberlist's log lines into the node's
+// logger.
+type slogWriter struct{ log *slog.Logger }
+
+func (w slogWriter) Write(p []byte) (int, error) {
+	line := strings.TrimSpace(string(p))
+	level := slog.LevelInfo
+	switch {
+	case strings.Contains(line, "failed to heartbeat"), strings.Contains(line, "failed to appendEntries"),
+		strings.Contains(line, "failed to contact"):
+		// Every few hundred milliseconds while a peer is down: gossip
+		// reports the peer's death once, at info.
+		level = slog.LevelDebug
+	case strings.Contains(line, "[ERR"):
+		level = slog.LevelError
+	case strings.Contains(line, "[WARN"):
+		level = slog.LevelWarn
+	case strings.Contains(line, "[DEBUG"), strings.Contains(line, "[TRACE"):
+		level = slog.LevelDebug
+	}
+	w.log.Log(context.Background(), level, line)
+	return len(p), nil
+}
+
+// Close leaves gracefully: a leader hands leadership to another server
+// first, gossip is told the node left, and raft and the files are closed.
+// The node stays a raft voter: started again, it rejoins. Close is safe to
+// call more than once; later calls return the first call's result.
+func (n *Node) Close() error {
+	n.closeOnce.Do(func() {
+		if n.raft.State() == raft.Leader && n.voters() > 1 {
+			if err := n.raft.LeadershipTransfer().Error(); err != nil {
+				n.log.Warn("leadership transfer before shutdown failed", "err", err)
+			}
+		}
+		var errs []error
+		if n.ml != nil {
+			if err := n.ml.Leave(time.Second); err != nil {
+				n.log.Warn("gossip leave", "err", err)
+			}
+			errs = append(errs, n.ml.Shutdown())
+		}
+		close(n.stop)
+		n.raft.DeregisterObserver(n.observer)
+		errs = append(errs, n.raft.Shutdown().Error())
+		n.wg.Wait()
+		n.fwd.close()
+		n.setLeadership(false, 0)
+		n.drainWaiters(errClosed)
+		if n.m.Failed() == nil {
+			errs = append(errs, n.m.Checkpoint())
+		}
+		errs = append(errs, n.trans.Close(), n.store.Close(), n.m.Close())
+		n.closeErr = errors.Join(errs...)
+	})
+	return n.closeErr
+}
+
+func (n *Node) voters() int {
+	f := n.raft.GetConfiguration()
+	if f.Error() != nil {
+		return 0
+	}
+	c := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage == raft.Voter {
+			c++
+		}
+	}
+	return c
+}
+
+// now is the node's monotonic time, which it stamps on the commands it
+// proposes as leader.
+func (n *Node) now() time.Duration { return time.Since(n.epoch) }
+
+var errClosed = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "the node is shutting down"}

@@ -1,0 +1,413 @@
+package cluster_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/cluster/clustertest"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// Real `fencekv serve` processes on loopback, with real faults. Each test
+// checks what users care about: nothing acknowledged lost, tokens only
+// rising, no stale write accepted, no stale read answered.
+
+var (
+	binOnce sync.Once
+	binPath string
+)
+
+func bin(t *testing.T) string {
+	binOnce.Do(func() {
+		dir, err := os.MkdirTemp("", "fencekv-cluster-")
+		if err != nil {
+			t.Fatal(err)
+		}
+		binPath = clustertest.BuildInto(t, dir)
+	})
+	if binPath == "" {
+		t.Fatal("no fencekv binary")
+	}
+	return binPath
+}
+
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if binPath != "" {
+		os.RemoveAll(filepath.Dir(binPath))
+	}
+	os.Exit(code)
+}
+
+func ctxT(t *testing.T, d time.Duration) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// eventually retries fn (a call that may meet a failover) until it
+// succeeds or the deadline passes.
+func eventually(t *testing.T, what string, within time.Duration, fn func() error) {
+	t.Helper()
+	deadline := time.Now().Add(within)
+	var err error
+	for time.Now().Before(deadline) {
+		if err = fn(); err == nil {
+			return
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	t.Fatalf("%s: still failing after %v: %v", what, within, err)
+}
+
+// TestFailoverKeepsEverything: under write and lock load, kill -9 of the
+// leader. A new leader serves; every acknowledged write and grant is
+// there; every token issued after the failover is above every token
+// issued before; and the seed scenario holds across it.
+func TestFailoverKeepsEverything(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	leader := c.Leader(t)
+	follower := c.Others(leader)[0]
+	cl := c.Dial(t, follower) // clients talk to a follower: it forwards
+	ctx := ctxT(t, 2*time.Minute)
+
+	// Seed scenario, part 1: A gets a token before the failover.
+	a, err := cl.Acquire(ctx, "seed", 30*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := cl.Put(ctx, []byte("seed/k"), []byte("A"), fencekv.WriteOptions{Token: a.Token}); err != nil {
+		t.Fatal(err)
+	}
+
+	// Load: writers on every node put increasing values; lock cyclers
+	// take tokens. Only acknowledged results are recorded.
+	var (
+		mu       sync.Mutex
+		acked    = map[string]int{} // key -> highest acknowledged value
+		maxToken atomic.Uint64
+	)
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	for w, nd := range c.Nodes {
+		wcl := c.Dial(t, nd)
+		wg.Go(func() {
+			key := fmt.Sprintf("load/%d", w)
+			for i := 1; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				_, err := wcl.Put(cctx, []byte(key), []byte(strconv.Itoa(i)), fencekv.WriteOptions{})
+				cancel()
+				if err == nil {
+					mu.Lock()
+					acked[key] = i
+					mu.Unlock()
+				}
+			}
+		})
+		wg.Go(func() {
+			name := fmt.Sprintf("cycle/%d", w)
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+				l, err := wcl.Acquire(cctx, name, time.Second, nil)
+				if err == nil {
+					for {
+						old := maxToken.Load()
+						if uint64(l.Token) <= old || maxToken.CompareAndSwap(old, uint64(l.Token)) {
+							break
+						}
+					}
+					wcl.Release(cctx, name, l.Token)
+				}
+				cancel()
+			}
+		})
+	}
+	time.Sleep(500 * time.Millisecond) // let load build up before the fault
+	c.Kill(leader)
+	before := maxToken.Load()
+	t.Logf("killed leader %s; highest token granted before: %d", leader.Name, before)
+
+	// A new leader serves: B gets a newer token through another node
+	// and writes; A's write with the older token is refused.
+	rest := c.Others(leader)
+	bcl := c.Dial(t, rest[len(rest)-1])
+	var b fencekv.Lease
+	eventually(t, "acquire after failover", 30*time.Second, func() error {
+		// A's lease is held (full TTL again on the new leader): B
+		// waits in the queue would take 30s, so B takes another lock's
+		// token and writes with it, as a newer holder of seed/k would.
+		var err error
+		b, err = bcl.Acquire(ctx, "seed-b", 30*time.Second, nil)
+		return err
+	})
+	if b.Token <= a.Token {
+		t.Fatalf("token after failover %d; want above %d", b.Token, a.Token)
+	}
+	eventually(t, "B's write", 30*time.Second, func() error {
+		_, err := bcl.Put(ctx, []byte("seed/k"), []byte("B"), fencekv.WriteOptions{Token: b.Token})
+		return err
+	})
+	_, err = cl.Put(ctx, []byte("seed/k"), []byte("A-stale"), fencekv.WriteOptions{Token: a.Token})
+	if !errors.Is(err, fencekv.ErrStaleToken) {
+		t.Fatalf("A's write with token %d after B's %d: err = %v; want stale_token", a.Token, b.Token, err)
+	}
+	// A still holds its lock: the new leader gave the lease its full
+	// TTL, and A can renew it through any node.
+	eventually(t, "A renews through the new leader", 10*time.Second, func() error {
+		_, err := bcl.Renew(ctx, "seed", a.Token)
+		return err
+	})
+
+	time.Sleep(500 * time.Millisecond) // load runs on the new leader
+	close(stop)
+	wg.Wait()
+	after := maxToken.Load()
+	if after <= before {
+		t.Errorf("no grant after the failover (highest token %d, before %d)", after, before)
+	}
+
+	// Everything acknowledged is there, read linearizably through each
+	// surviving node.
+	for _, nd := range rest {
+		rcl := c.Dial(t, nd)
+		mu.Lock()
+		for key, v := range acked {
+			var e fencekv.Entry
+			eventually(t, "read "+key, 10*time.Second, func() error {
+				var err error
+				e, err = rcl.Get(ctx, []byte(key))
+				return err
+			})
+			got, _ := strconv.Atoi(string(e.Value))
+			if !e.Found || got < v {
+				t.Errorf("%s via %s = %q; want at least the acknowledged %d", key, nd.Name, e.Value, v)
+			}
+		}
+		mu.Unlock()
+		e, err := rcl.Get(ctx, []byte("seed/k"))
+		if err != nil || string(e.Value) != "B" || e.Fence != b.Token {
+			t.Errorf("seed/k via %s = %q fence %d, %v; want B with fence %d", nd.Name, e.Value, e.Fence, err, b.Token)
+		}
+	}
+	// A token from now on is above all of them.
+	l, err := bcl.Acquire(ctx, "last", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if uint64(l.Token) <= after {
+		t.Fatalf("token %d after the run; want above %d", l.Token, after)
+	}
+}
+
+// TestPausedLeaderStepsDown: SIGSTOP of the leader for longer than an
+// election, then SIGCONT. It steps down, and what it answers after it
+// wakes is neither stale nor lost.
+func TestPausedLeaderStepsDown(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 2*time.Minute)
+	old := c.Leader(t)
+	ocl := c.Dial(t, old)
+	if _, err := ocl.Put(ctx, []byte("k"), []byte("v1"), fencekv.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Pause(old)
+	others := c.Others(old)
+	ncl := c.Dial(t, others[0])
+	eventually(t, "write while the leader is paused", 30*time.Second, func() error {
+		_, err := ncl.Put(ctx, []byte("k"), []byte("v2"), fencekv.WriteOptions{Token: 5})
+		return err
+	})
+	// A write sent to the paused leader now is answered only after it
+	// wakes: it must not be acknowledged unless a quorum has it.
+	pending := make(chan error, 1)
+	go func() {
+		_, err := ocl.Put(ctx, []byte("k"), []byte("from-paused"), fencekv.WriteOptions{Token: 4})
+		pending <- err
+	}()
+	time.Sleep(200 * time.Millisecond)
+	c.Resume(old)
+
+	// Its write with a token below the new fence must be refused or
+	// fail; never accepted.
+	select {
+	case err := <-pending:
+		if err == nil {
+			t.Fatal("a write with token 4 below fence 5 was acknowledged by the woken leader")
+		}
+		t.Logf("write sent to the paused leader: %v", err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("the woken leader never answered")
+	}
+	// It is no longer the leader (or won again legitimately: then it has
+	// the new write).
+	eventually(t, "reads through the old leader", 30*time.Second, func() error {
+		e, err := ocl.Get(ctx, []byte("k"))
+		if err != nil {
+			return err
+		}
+		if string(e.Value) != "v2" || e.Fence != 5 {
+			return fmt.Errorf("stale read: k = %q fence %d; want v2 fence 5", e.Value, e.Fence)
+		}
+		return nil
+	})
+	st, err := c.Status(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("old leader after waking: role %s, term %d", st.Role, st.Term)
+}
+
+// TestFollowerCatchesUp: a follower killed and restarted catches up with
+// what was written while it was down.
+func TestFollowerCatchesUp(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 2*time.Minute)
+	leader := c.Leader(t)
+	f := c.Others(leader)[0]
+	c.Kill(f)
+	lcl := c.Dial(t, leader)
+	for i := range 50 {
+		if _, err := lcl.Put(ctx, []byte("k"+strconv.Itoa(i)), []byte("v"), fencekv.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	c.Restart(f)
+	fcl := dialEventually(t, c, f)
+	eventually(t, "the restarted follower has the writes", 30*time.Second, func() error {
+		e, err := fcl.Get(fencekv.WithStaleReads(ctx), []byte("k49"))
+		if err != nil {
+			return err
+		}
+		if !e.Found {
+			return errors.New("k49 not there yet")
+		}
+		return nil
+	})
+}
+
+// TestLateNodeCatchesUpBySnapshot: a fourth node started after the log
+// was compacted gets the state by installing a snapshot.
+func TestLateNodeCatchesUpBySnapshot(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, &clustertest.Options{Extra: []string{"--snapshot-threshold", "64", "--trailing-logs", "16"}})
+	ctx := ctxT(t, 2*time.Minute)
+	lcl := c.Dial(t, c.Leader(t))
+	l, err := lcl.Acquire(ctx, "L", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 300 {
+		if _, err := lcl.Put(ctx, []byte("k"+strconv.Itoa(i)), []byte("v"), fencekv.WriteOptions{Token: l.Token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	nd := c.Add(t)
+	ncl := dialEventually(t, c, nd)
+	eventually(t, "the late node has the state", 60*time.Second, func() error {
+		e, err := ncl.Get(fencekv.WithStaleReads(ctx), []byte("k0"))
+		if err != nil {
+			return err
+		}
+		if !e.Found || e.Fence != l.Token {
+			return fmt.Errorf("k0 = %+v", e)
+		}
+		return nil
+	})
+	in, err := ncl.LockInfo(fencekv.WithStaleReads(ctx), "L")
+	if err != nil || !in.Held || in.Token != l.Token {
+		t.Fatalf("lock L on the late node = %+v, %v; want held by %d", in, err, l.Token)
+	}
+	ms, err := ncl.Members(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	voters := 0
+	for _, m := range ms {
+		if m.Voter {
+			voters++
+		}
+	}
+	if voters != 4 {
+		t.Errorf("members = %+v; want 4 voters", ms)
+	}
+}
+
+// TestDeadNodeReapedAndRejoins: a node dead for longer than --reap-after
+// leaves the raft configuration, and rejoins when it comes back.
+func TestDeadNodeReapedAndRejoins(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, &clustertest.Options{Extra: []string{"--reap-after", "2s"}})
+	ctx := ctxT(t, 2*time.Minute)
+	leader := c.Leader(t)
+	victim := c.Others(leader)[0]
+	c.Kill(victim)
+	lcl := c.Dial(t, leader)
+	voter := func(name string) (bool, error) {
+		ms, err := lcl.Members(ctx)
+		if err != nil {
+			return false, err
+		}
+		for _, m := range ms {
+			if m.Node == name {
+				return m.Voter, nil
+			}
+		}
+		return false, nil
+	}
+	eventually(t, "the dead node is reaped", 30*time.Second, func() error {
+		v, err := voter(victim.Name)
+		if err == nil && v {
+			err = errors.New("still a voter")
+		}
+		return err
+	})
+	// Two voters left: writes still commit.
+	if _, err := lcl.Put(ctx, []byte("after-reap"), []byte("v"), fencekv.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Restart(victim)
+	eventually(t, "the node rejoins as a voter", 30*time.Second, func() error {
+		v, err := voter(victim.Name)
+		if err == nil && !v {
+			err = errors.New("not a voter yet")
+		}
+		return err
+	})
+	vcl := dialEventually(t, c, victim)
+	eventually(t, "the rejoined node has the data", 30*time.Second, func() error {
+		e, err := vcl.Get(fencekv.WithStaleReads(ctx), []byte("after-reap"))
+		if err == nil && !e.Found {
+			err = errors.New("not there yet")
+		}
+		return err
+	})
+}
+
+func dialEventually(t *testing.T, c *clustertest.Cluster, nd *clustertest.Node) *wire.Client {
+	t.Helper()
+	var cl *wire.Client
+	eventually(t, "dial "+nd.Name, 30*time.Second, func() error {
+		var err error
+		cl, err = wire.Dial(context.Background(), nd.Client)
+		return err
+	})
+	t.Cleanup(func() { cl.Close() })
+	return cl
+}

@@ -1,0 +1,84 @@
+package wire
+
+import (
+	"context"
+
+	"github.com/fencekv/fencekv"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// decodeNodeStatus reads the status fields a cluster node adds (and
+// skips any other field).
+func decodeNodeStatus(dec *msgpack.Decoder, k string, st *fencekv.Status) (err error) {
+	switch k {
+	case "node":
+		st.Node, err = dec.DecodeString()
+	case "role":
+		st.Role, err = dec.DecodeString()
+	case "leader":
+		st.Leader, err = dec.DecodeString()
+	case "term":
+		st.Term, err = dec.DecodeUint64()
+	case "commit_index":
+		st.CommitIndex, err = dec.DecodeUint64()
+	case "applied_index":
+		st.AppliedIndex, err = dec.DecodeUint64()
+	default:
+		err = dec.Skip()
+	}
+	return err
+}
+
+// Members lists the nodes of the server's cluster (none for a single
+// node).
+func (c *Client) Members(ctx context.Context) ([]fencekv.Member, error) {
+	var ms []fencekv.Member
+	err := c.do(ctx, "members", nil, func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+			if k != "members" {
+				return dec.Skip()
+			}
+			n, err := dec.DecodeArrayLen()
+			if err != nil {
+				return err
+			}
+			ms = make([]fencekv.Member, max(n, 0))
+			for i := range ms {
+				m := &ms[i]
+				err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+					switch k {
+					case "node":
+						m.Node, err = dec.DecodeString()
+					case "client_addr":
+						m.ClientAddr, err = dec.DecodeString()
+					case "raft_addr":
+						m.RaftAddr, err = dec.DecodeString()
+					case "gossip_addr":
+						m.GossipAddr, err = dec.DecodeString()
+					case "state":
+						m.State, err = dec.DecodeString()
+					case "voter":
+						m.Voter, err = dec.DecodeBool()
+					case "raft_role":
+						m.RaftRole, err = dec.DecodeString()
+					default:
+						err = dec.Skip()
+					}
+					return err
+				})
+				if err != nil {
+					return err
+				}
+			}
+			return nil
+		})
+	})
+	return ms, err
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
