@@ -5,7 +5,7 @@ DATA      ?= ./fencekv-data
 LISTEN    ?= 127.0.0.1:7420
 FUZZTIME  ?= 10s
 
-.PHONY: all build run test vet fmt-check race bench fuzz clean
+.PHONY: all build run cluster test vet fmt-check race bench fuzz clean
 
 all: build
 
@@ -14,6 +14,11 @@ build:
 
 run: build
 	./$(BIN) serve --data $(DATA) --listen $(LISTEN)
+
+# Three nodes on loopback in one terminal: clients on 127.0.0.1:7420,
+# 7421 and 7422, data under ./fencekv-cluster-data. Ctrl-C stops all three.
+cluster: build
+	bash cluster/run.sh ./$(BIN)
 
 vet:
 	$(GO) vet ./...
@@ -50,7 +55,7 @@ verify: build
 	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash' -count=1 -v -timeout 30m ./verify
 
 clean:
-	rm -rf bin $(DATA)
+	rm -rf bin $(DATA) ./fencekv-cluster-data
 
 # The side-by-side comparison with etcd and Redis (bench/peers, a Go module of
 # its own). bench-tool builds its driver program; bench-peers installs

@@ -1,0 +1,228 @@
+package cluster
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"path/filepath"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/hashicorp/go-hclog"
+	"github.com/hashicorp/raft"
+)
+
+// In-process raft groups on raft's in-memory transport: fast tests of the
+// FSM (the engine's machine under raft) and of the leadership rules, with
+// no sockets and no processes. The process tests (process_test.go) run
+// the real thing.
+
+type memNode struct {
+	id    raft.ServerID
+	m     *fencekv.Machine
+	fsm   *fsm
+	raft  *raft.Raft
+	trans *raft.InmemTransport
+}
+
+func memGroup(t *testing.T, n int) []*memNode {
+	t.Helper()
+	var nodes []*memNode
+	var servers []raft.Server
+	for i := range n {
+		nd := newMemNode(t, i)
+		nodes = append(nodes, nd)
+		servers = append(servers, raft.Server{ID: nd.id, Address: nd.trans.LocalAddr()})
+	}
+	for _, a := range nodes {
+		for _, b := range nodes {
+			if a != b {
+				a.trans.Connect(b.trans.LocalAddr(), b.trans)
+			}
+		}
+	}
+	for _, nd := range nodes {
+		nd.start(t)
+	}
+	if err := nodes[0].raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil {
+		t.Fatal(err)
+	}
+	return nodes
+}
+
+func newMemNode(t *testing.T, i int) *memNode {
+	t.Helper()
+	m, err := fencekv.OpenMachine(filepath.Join(t.TempDir(), fencekv.DataFile), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, trans := raft.NewInmemTransport(raft.ServerAddress("mem" + strconv.Itoa(i)))
+	nd := &memNode{id: raft.ServerID("n" + strconv.Itoa(i)), m: m, trans: trans}
+	nd.fsm = newFSM(m, slog.New(slog.DiscardHandler), nil)
+	return nd
+}
+
+func (nd *memNode) start(t *testing.T) {
+	t.Helper()
+	rc := raft.DefaultConfig()
+	rc.LocalID = nd.id
+	rc.HeartbeatTimeout = 50 * time.Millisecond
+	rc.ElectionTimeout = 50 * time.Millisecond
+	rc.LeaderLeaseTimeout = 50 * time.Millisecond
+	rc.CommitTimeout = 5 * time.Millisecond
+	rc.NoSnapshotRestoreOnStart = true
+	rc.SnapshotThreshold = 1 << 30 // only when asked
+	rc.TrailingLogs = 4
+	rc.Logger = hclog.New(&hclog.LoggerOptions{Output: io.Discard})
+	store := raft.NewInmemStore()
+	r, err := raft.NewRaft(rc, nd.fsm, store, store, raft.NewInmemSnapshotStore(), nd.trans)
+	if err != nil {
+		t.Fatal(err)
+	}
+	nd.raft = r
+	t.Cleanup(func() {
+		r.Shutdown().Error()
+		nd.m.Close()
+	})
+}
+
+func memLeader(t *testing.T, nodes []*memNode) *memNode {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for time.Now().Before(deadline) {
+		for _, nd := range nodes {
+			if nd.raft.State() == raft.Leader {
+				return nd
+			}
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	t.Fatal("no leader")
+	return nil
+}
+
+// propose applies commands as one entry through the leader and returns
+// their results.
+func propose(t *testing.T, nd *memNode, cmds ...fencekv.Command) []fencekv.Result {
+	t.Helper()
+	f := nd.raft.Apply(fencekv.EncodeBatch(cmds), 5*time.Second)
+	if err := f.Error(); err != nil {
+		t.Fatal(err)
+	}
+	res, ok := f.Response().([]fencekv.Result)
+	if !ok {
+		t.Fatalf("response %#v", f.Response())
+	}
+	return res
+}
+
+func waitApplied(t *testing.T, nodes []*memNode, index uint64) {
+	t.Helper()
+	deadline := time.Now().Add(10 * time.Second)
+	for _, nd := range nodes {
+		for {
+			if i, _ := nd.fsm.appliedIndex(); i >= index {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%s did not apply index %d", nd.id, index)
+			}
+			time.Sleep(2 * time.Millisecond)
+		}
+	}
+}
+
+// TestFSMReplicates: a batch proposed on the leader is applied, in one
+// entry, on every node: same values, same fences, same tokens.
+func TestFSMReplicates(t *testing.T) {
+	nodes := memGroup(t, 3)
+	l := memLeader(t, nodes)
+	res := propose(t, l,
+		fencekv.Command{Op: fencekv.OpRearm, Term: 1},
+		fencekv.Command{Op: fencekv.OpAcquire, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Minute}},
+		put("k", "v", 1),
+		put("k", "stale", 0),
+	)
+	if res[1].Err != nil || res[1].Grant.Token != 1 || res[2].Err != nil {
+		t.Fatalf("results %+v", res)
+	}
+	if !errors.Is(res[3].Err, fencekv.ErrStaleToken) {
+		t.Fatalf("a tokenless write after token 1: %v; want stale_token", res[3].Err)
+	}
+	waitApplied(t, nodes, l.raft.LastIndex())
+	for _, nd := range nodes {
+		e, err := nd.m.Get([]byte("k"))
+		if err != nil || string(e.Value) != "v" || e.Fence != 1 {
+			t.Errorf("%s: k = %+v, %v; want v with fence 1", nd.id, e, err)
+		}
+	}
+}
+
+// TestFSMOldLeaderExpiryIgnored: an expiry proposed with the term of a
+// leader that has since been replaced (its rearm applied) changes nothing,
+// on every node, however late the time it carries.
+func TestFSMOldLeaderExpiryIgnored(t *testing.T) {
+	nodes := memGroup(t, 3)
+	l := memLeader(t, nodes)
+	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 1})
+	g := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
+	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 2, Now: time.Millisecond})
+	r := propose(t, l, fencekv.Command{Op: fencekv.OpExpire, Term: 1, Now: time.Hour, Lease: fencekv.LeaseRequest{Name: "L"}})[0]
+	if !r.Noop {
+		t.Fatalf("old-term expiry = %+v; want a no-op", r)
+	}
+	waitApplied(t, nodes, l.raft.LastIndex())
+	for _, nd := range nodes {
+		in, err := nd.m.LockInfo(500*time.Millisecond, "L")
+		if err != nil || !in.Held || in.Token != g.Grant.Token {
+			t.Errorf("%s: L = %+v, %v; want held by %d", nd.id, in, err, g.Grant.Token)
+		}
+	}
+}
+
+// TestFSMSnapshotInstall: a node that joins after the log was compacted
+// gets the state by installing the leader's snapshot (the bbolt file).
+func TestFSMSnapshotInstall(t *testing.T) {
+	nodes := memGroup(t, 3)
+	l := memLeader(t, nodes)
+	var cmds []fencekv.Command
+	for i := range 200 {
+		cmds = append(cmds, put(fmt.Sprintf("k%03d", i), "v", fencekv.Token(i)))
+	}
+	for i := 0; i < len(cmds); i += 20 {
+		propose(t, l, cmds[i:i+20]...)
+	}
+	if err := l.raft.Snapshot().Error(); err != nil {
+		t.Fatal(err)
+	}
+	propose(t, l, fencekv.Command{Op: fencekv.OpPut, Key: []byte("after"), Value: []byte("v")})
+
+	late := newMemNode(t, 3)
+	for _, nd := range nodes {
+		nd.trans.Connect(late.trans.LocalAddr(), late.trans)
+		late.trans.Connect(nd.trans.LocalAddr(), nd.trans)
+	}
+	late.start(t)
+	if err := l.raft.AddVoter(late.id, late.trans.LocalAddr(), 0, 5*time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	waitApplied(t, []*memNode{late}, l.raft.LastIndex())
+	for _, key := range []string{"k000", "k199", "after"} {
+		e, err := late.m.Get([]byte(key))
+		if err != nil || !e.Found {
+			t.Errorf("late node: %s = %+v, %v; want found", key, e, err)
+		}
+	}
+	if e, _ := late.m.Get([]byte("k199")); e.Fence != 199 {
+		t.Errorf("late node: k199 fence %d; want 199", e.Fence)
+	}
+}
+
+func put(key, value string, token fencekv.Token) fencekv.Command {
+	c := fencekv.Command{Op: fencekv.OpPut, Key: []byte(key), Value: []byte(value)}
+	c.Write.Token = token
+	return c
+}
