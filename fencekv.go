@@ -208,7 +208,12 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, err
 	}
 	// The data file's lock (taken by kv.Open) also guards the log.
-	log_, recs, err := wal.Open(filepath.Join(dir, LogFile))
+	applied, err := store.Applied()
+	if err != nil {
+		store.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	log_, recs, _, err := wal.Open(filepath.Join(dir, LogFile), applied)
 	if err != nil {
 		store.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
