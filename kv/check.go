@@ -90,7 +90,11 @@ const checkLockTimeout = 100 * time.Millisecond
 // (errors.Is ErrDamaged) listing what is wrong, or another error when the
 // file cannot be read at all (missing, unreadable). A panic in bbolt on a
 // damaged page is returned as damage too.
-func Check(path string) (rep Report, err error) {
+//
+// If then is not nil and the file is sound, Check calls it with the report
+// while it still holds the file's (shared) lock, so that no server starts
+// on the file meanwhile; its error is Check's.
+func Check(path string, then func(Report) error) (rep Report, err error) {
 	fi, err := os.Stat(path)
 	if err != nil {
 		return rep, fmt.Errorf("kv: %w", err)
@@ -124,6 +128,9 @@ func Check(path string) (rep Report, err error) {
 	})
 	if err == nil {
 		err = p.err(path)
+	}
+	if err == nil && then != nil {
+		err = then(rep)
 	}
 	return rep, err
 }

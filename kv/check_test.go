@@ -10,6 +10,7 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
 
 	bolt "go.etcd.io/bbolt"
 )
@@ -82,13 +83,30 @@ func wantDamaged(t *testing.T, what string, err error) {
 
 func TestCheckSound(t *testing.T) {
 	path := fullStore(t, 3000)
-	rep, err := Check(path)
+	rep, err := Check(path, nil)
 	if err != nil {
 		t.Fatalf("Check: %v", err)
 	}
 	want := Report{Applied: 42, Revision: 3300, LastToken: 3000, LiveKeys: 2700, Keys: 3000, Locks: 3, Pages: rep.Pages, PageSize: rep.PageSize}
 	if rep != want || rep.Pages < 10 || rep.PageSize <= 0 {
 		t.Fatalf("Check = %+v; want %+v", rep, want)
+	}
+	// then runs while Check holds the file: no writer can open it.
+	stop := errors.New("stop")
+	_, err = Check(path, func(r Report) error {
+		if r != rep {
+			t.Errorf("then got %+v; want %+v", r, rep)
+		}
+		if s, err := Open(path, Options{NoSync: true, LockTimeout: 10 * time.Millisecond}); !errors.Is(err, ErrLocked) {
+			if err == nil {
+				s.Close()
+			}
+			t.Errorf("Open during then = %v; want ErrLocked", err)
+		}
+		return stop
+	})
+	if err != stop {
+		t.Fatalf("Check = %v; want then's error", err)
 	}
 	// It changed nothing: the file opens and reads as before.
 	s, err := Open(path, Options{NoSync: true})
@@ -107,7 +125,7 @@ func TestCheckSound(t *testing.T) {
 		t.Fatal(err)
 	}
 	s2.Close()
-	if rep, err := Check(fresh); err != nil || rep.Applied != 0 || rep.Keys != 0 {
+	if rep, err := Check(fresh, nil); err != nil || rep.Applied != 0 || rep.Keys != 0 {
 		t.Fatalf("Check of a fresh file = %+v, %v", rep, err)
 	}
 }
@@ -119,13 +137,13 @@ func TestCheckInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	if _, err := Check(path); !errors.Is(err, ErrLocked) {
+	if _, err := Check(path, nil); !errors.Is(err, ErrLocked) {
 		t.Fatalf("Check of a file in use = %v; want ErrLocked", err)
 	}
 }
 
 func TestCheckMissing(t *testing.T) {
-	if _, err := Check(filepath.Join(t.TempDir(), "none.db")); !errors.Is(err, fs.ErrNotExist) {
+	if _, err := Check(filepath.Join(t.TempDir(), "none.db"), nil); !errors.Is(err, fs.ErrNotExist) {
 		t.Fatalf("Check of a missing file = %v; want ErrNotExist", err)
 	}
 }
@@ -169,7 +187,7 @@ func TestDamagedPage(t *testing.T) {
 		s.Close()
 	}
 	wantDamaged(t, "Open", err)
-	_, err = Check(path)
+	_, err = Check(path, nil)
 	wantDamaged(t, "Check", err)
 	t.Logf("page %d: %v", id, err)
 }
@@ -181,7 +199,7 @@ func TestDamagedPage(t *testing.T) {
 // is always found.
 func TestDamageEveryPage(t *testing.T) {
 	src := fullStore(t, 500)
-	rep, err := Check(src)
+	rep, err := Check(src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -206,7 +224,7 @@ func TestDamageEveryPage(t *testing.T) {
 			what := fmt.Sprintf("page %d, %s", page, name)
 			path := copyFile(t, src, func(b []byte) { damage(b, page*ps) })
 			s, err := Open(path, Options{NoSync: true})
-			_, cerr := Check(path)
+			_, cerr := Check(path, nil)
 			if err != nil {
 				wantDamaged(t, what+": Open", err)
 				wantDamaged(t, what+": Check", cerr)
@@ -236,14 +254,14 @@ func TestDamageEveryPage(t *testing.T) {
 // read; with one, bbolt falls back to the other.
 func TestDamagedMetaPages(t *testing.T) {
 	src := fullStore(t, 100)
-	rep, err := Check(src)
+	rep, err := Check(src, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	ps := rep.PageSize
 	// The root bucket's page number (checksum), then the version field.
 	both := copyFile(t, src, func(b []byte) { b[32] ^= 1; b[ps+32] ^= 1 })
-	_, err = Check(both)
+	_, err = Check(both, nil)
 	wantDamaged(t, "Check, both metas", err)
 	s, err := Open(both, Options{NoSync: true})
 	if err == nil {
@@ -251,11 +269,11 @@ func TestDamagedMetaPages(t *testing.T) {
 	}
 	wantDamaged(t, "Open, both metas", err)
 	version := copyFile(t, src, func(b []byte) { b[20] ^= 1; b[ps+20] ^= 1 })
-	_, err = Check(version)
+	_, err = Check(version, nil)
 	wantDamaged(t, "Check, both versions", err)
 
 	one := copyFile(t, src, func(b []byte) { b[32] ^= 1 })
-	if _, err := Check(one); err != nil {
+	if _, err := Check(one, nil); err != nil {
 		t.Fatalf("Check with one meta page damaged: %v", err)
 	}
 }
@@ -290,7 +308,7 @@ func TestCheckRecords(t *testing.T) {
 				t.Fatal(err)
 			}
 			db.Close()
-			_, err = Check(path)
+			_, err = Check(path, nil)
 			wantDamaged(t, tt.name, err)
 			if !strings.Contains(err.Error(), tt.want) {
 				t.Fatalf("Check = %v; want it to say %q", err, tt.want)
@@ -306,7 +324,7 @@ func TestCheckRecords(t *testing.T) {
 	}
 	db.Update(func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(metaSchema, u64(SchemaVersion+1)) })
 	db.Close()
-	if _, err := Check(path); !errors.Is(err, ErrSchema) {
+	if _, err := Check(path, nil); !errors.Is(err, ErrSchema) {
 		t.Fatalf("Check of another schema = %v; want ErrSchema", err)
 	}
 }

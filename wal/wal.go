@@ -29,8 +29,8 @@
 //
 // # Reading: the end of the log, torn tails and corruption
 //
-// Open(path, after) is given A, the last record the caller already has. It
-// reads records from offset 0 on: while they are whole, pass their checksum
+// Open(path, after) (and Read, which only reads) is given A, the last
+// record the caller already has. It reads records from offset 0 on: while they are whole, pass their checksum
 // and number one more than the record before them. Records numbered A or
 // lower at the start are skipped (left from before the checkpoint); the
 // others (A+1, A+2, ...) are returned. Where this run of records stops, the
@@ -167,6 +167,20 @@ func Open(path string, after uint64) (*Log, []Record, Tail, error) {
 		l.off = tail.Offset
 	}
 	return l, recs, tail, nil
+}
+
+// Read reads the log at path as Open does, without opening it for writing
+// or creating it (for inspection: fencekv check).
+func Read(path string, after uint64) ([]Record, Tail, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, Tail{}, fmt.Errorf("wal: %w", err)
+	}
+	recs, tail, err := read(data, after)
+	if ce, ok := err.(*CorruptError); ok {
+		ce.Path = path
+	}
+	return recs, tail, err
 }
 
 // read parses a log's bytes as Open describes.

@@ -429,3 +429,29 @@ func TestCorruptRecordInBigLog(t *testing.T) {
 	_, _, _, err := Open(path, 0)
 	wantCorrupt(t, err, path, int64(rec), 2)
 }
+
+// TestRead reads as Open does, without creating or changing the file.
+func TestRead(t *testing.T) {
+	dir := t.TempDir()
+	if _, _, err := Read(filepath.Join(dir, "none"), 0); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Read of a missing log = %v; want ErrNotExist", err)
+	}
+	if _, err := os.Stat(filepath.Join(dir, "none")); !errors.Is(err, os.ErrNotExist) {
+		t.Fatalf("Read created the log: %v", err)
+	}
+	path := filepath.Join(dir, "log")
+	l, _, _ := open(t, path, 0)
+	appendAll(t, l, 1, "one", "two", "three")
+	l.Close()
+	recs, tail, err := Read(path, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantRecs(t, recs, 2, "two", "three")
+	wantTail(t, tail, 3*header+11, false)
+	data := readFile(t, path)
+	data[header+1] ^= 1 // record one's payload
+	writeFile(t, path, data)
+	_, _, err = Read(path, 0)
+	wantCorrupt(t, err, path, 0, 1)
+}
