@@ -174,7 +174,7 @@ func (r *checkReport) write(w io.Writer) {
 	case !l.Exists:
 		fmt.Fprintf(w, "write-ahead log %s: ok: none (nothing written since the last checkpoint)\n", l.Path)
 	case l.Error != "":
-		fmt.Fprintf(w, "write-ahead log %s: CORRUPT at offset %d: %s\n", l.Path, *l.Offset, l.Error)
+		fmt.Fprintf(w, "write-ahead log %s: CORRUPT: %s\n", l.Path, l.Error)
 	default:
 		recs := "no records after the checkpoint"
 		if l.Records > 0 {

@@ -140,7 +140,7 @@ func TestCheckLog(t *testing.T) {
 	b[20] ^= 0x01
 	os.WriteFile(logPath, b, 0o600)
 	out, j = checkDirCode(t, dir, exitViolation)
-	wantContains(t, "report", out, "CORRUPT at offset 0")
+	wantContains(t, "report", out, "CORRUPT: wal: "+logPath+" is corrupt at offset 0")
 	wantContains(t, "report", out, "DAMAGED")
 	wantFields(t, j, map[string]any{"ok": false})
 	wantFields(t, j["log"].(map[string]any), map[string]any{"ok": false, "corrupt_offset": 0})
