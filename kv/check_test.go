@@ -328,3 +328,29 @@ func TestCheckRecords(t *testing.T) {
 		t.Fatalf("Check of another schema = %v; want ErrSchema", err)
 	}
 }
+
+// TestTruncatedFile: a data file cut at any page boundary, or inside its
+// first pages, is an error from Open and Check, never a panic.
+func TestTruncatedFile(t *testing.T) {
+	src := fullStore(t, 300)
+	rep, err := Check(src, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ps := rep.PageSize
+	// The file may be longer than its pages in use: cut below those.
+	for _, size := range []int{1, 100, ps - 1, ps, ps + 1, 2 * ps, 2*ps + 8, 3 * ps, rep.Pages / 2 * ps, (rep.Pages - 1) * ps} {
+		path := copyFile(t, src, func([]byte) {})
+		if err := os.Truncate(path, int64(size)); err != nil {
+			t.Fatal(err)
+		}
+		s, err := Open(path, Options{NoSync: true})
+		if err == nil {
+			s.Close()
+			t.Fatalf("Open of the file cut at %d bytes (%d pages in use) succeeded", size, rep.Pages)
+		}
+		if _, cerr := Check(path, nil); cerr == nil {
+			t.Fatalf("Check of the file cut at %d bytes found nothing (Open: %v)", size, err)
+		}
+	}
+}
