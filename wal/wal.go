@@ -30,8 +30,9 @@
 // # Reading: the end of the log, torn tails and corruption
 //
 // Open(path, after) (and Read, which only reads) is given A, the last
-// record the caller already has. It reads records from offset 0 on: while they are whole, pass their checksum
-// and number one more than the record before them. Records numbered A or
+// record the caller already has. It reads records from offset 0 on, while
+// they are whole, pass their checksum and number one more than the record
+// before them. Records numbered A or
 // lower at the start are skipped (left from before the checkpoint); the
 // others (A+1, A+2, ...) are returned. Where this run of records stops, the
 // log ends, in one of three ways (Tail):
@@ -46,8 +47,10 @@
 //     made, so only the last append can be torn by a crash; it was never
 //     synced, so never acknowledged. (Damage to the last record after it was
 //     synced looks the same: the caller treats what it may have held as
-//     possibly issued.)
-//   - Corrupt: somewhere at or after the end of the run, a whole record with
+//     possibly issued. Damage to the last record's number field makes it
+//     look like older bytes instead: a clean end.)
+//   - Corrupt: somewhere from where the next append would go (the end of
+//     the run, or offset 0 if it returned nothing) on, a whole record with
 //     a good checksum is numbered above the last record read (and at most
 //     A+2^32 — numbers further off are taken for noise). The records between
 //     are lost: the run stopped at a damaged record that was not the last
