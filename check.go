@@ -1,83 +1,110 @@
 package fencekv
 
-import "time"
+import (
+	"errors"
+	"fmt"
+	"io/fs"
+	"os"
+	"path/filepath"
 
-// Validation: what every node checks before a command is applied or
-// proposed, so that bad input is refused with a clear code and changes
-// nothing, and never reaches a log.
+	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/wal"
+)
 
-// CheckKey refuses an empty key or one over MaxKeySize.
-func (o *Options) CheckKey(key []byte) error {
-	switch {
-	case len(key) == 0:
-		return errorf(CodeBadRequest, "key is empty")
-	case len(key) > o.MaxKeySize:
-		return errorf(CodeTooLarge, "key is %d bytes, over the limit of %d", len(key), o.MaxKeySize)
-	}
-	return nil
+// CheckReport is what fencekv check found in a data dir.
+type CheckReport struct {
+	Dir  string         `json:"data_dir"`
+	OK   bool           `json:"ok"`
+	Data DataFileReport `json:"data_file"`
+	Log  LogReport      `json:"log"`
 }
 
-// CheckWrite refuses a write whose key, value or fencing options are
-// malformed or over their limits.
-func (o *Options) CheckWrite(key, value []byte, w WriteOptions) error {
-	if err := o.CheckKey(key); err != nil {
+type DataFileReport struct {
+	Path      string `json:"path"`
+	OK        bool   `json:"ok"`
+	Error     string `json:"error,omitempty"` // what is damaged
+	Applied   uint64 `json:"applied"`         // the last log record the file reflects
+	Revision  uint64 `json:"revision"`
+	LastToken uint64 `json:"last_token"`
+	LiveKeys  uint64 `json:"live_keys"`
+	Keys      int    `json:"key_records"`
+	Locks     int    `json:"lock_records"`
+	Pages     int    `json:"pages"`
+	PageSize  int    `json:"page_size"`
+}
+
+type LogReport struct {
+	Path    string `json:"path"`
+	Checked bool   `json:"checked"` // false: the data file is damaged, so where the log starts is unknown
+	Exists  bool   `json:"exists"`
+	OK      bool   `json:"ok"`
+	Records int    `json:"records"` // records after the data file's checkpoint
+	First   uint64 `json:"first,omitempty"`
+	Last    uint64 `json:"last,omitempty"`
+	End     int64  `json:"end_offset"` // where the records end
+	Torn    bool   `json:"torn"`       // a torn last record starts at end_offset
+	EndWhat string `json:"end,omitempty"`
+	Error   string `json:"error,omitempty"` // corruption: what and where
+	Offset  *int64 `json:"corrupt_offset,omitempty"`
+}
+
+// Check checks the data file and the write-ahead log of the data dir dir,
+// read-only (fencekv check), holding the data file's lock (shared)
+// throughout: every page of the data file, bbolt's consistency check, the
+// schema and counters; and the log records after the data file's
+// checkpoint, with how the log ends (clean, a torn last append, or
+// corruption and where). It returns an error only when the dir cannot be
+// checked: missing, unreadable, or in use by a server.
+func Check(dir string) (*CheckReport, error) {
+	if fi, err := os.Stat(dir); err != nil {
+		return nil, fmt.Errorf("data dir: %w", err)
+	} else if !fi.IsDir() {
+		return nil, fmt.Errorf("data dir %s is not a directory", dir)
+	}
+	rep := &CheckReport{Dir: dir}
+	rep.Data.Path = filepath.Join(dir, DataFile)
+	rep.Log.Path = filepath.Join(dir, LogFile)
+	_, err := kv.Check(rep.Data.Path, func(r kv.Report) error {
+		rep.Data = DataFileReport{Path: rep.Data.Path, OK: true, Applied: r.Applied, Revision: uint64(r.Revision),
+			LastToken: uint64(r.LastToken), LiveKeys: r.LiveKeys, Keys: r.Keys, Locks: r.Locks, Pages: r.Pages, PageSize: r.PageSize}
+		rep.Log.Checked = true
+		return checkLog(&rep.Log, r.Applied)
+	})
+	switch {
+	case err == nil:
+	case errors.Is(err, kv.ErrLocked):
+		return nil, fmt.Errorf("data dir %s is in use by a running fencekv server: stop it first (check reads the files as they are on disk)", dir)
+	case errors.Is(err, fs.ErrNotExist):
+		return nil, fmt.Errorf("no data file in %s (%s): not a fencekv data dir, or never opened", dir, DataFile)
+	case errors.Is(err, kv.ErrDamaged), errors.Is(err, kv.ErrSchema):
+		rep.Data.Error = err.Error()
+	default:
+		return nil, err
+	}
+	rep.OK = rep.Data.OK && rep.Log.OK
+	return rep, nil
+}
+
+// checkLog reads the log after the data file's applied record.
+func checkLog(lr *LogReport, applied uint64) error {
+	recs, tail, err := wal.Read(lr.Path, applied)
+	var ce *wal.CorruptError
+	switch {
+	case errors.Is(err, fs.ErrNotExist):
+		lr.OK = true // nothing written since the last checkpoint; the server creates it
+		return nil
+	case errors.As(err, &ce):
+		lr.Exists = true
+		lr.Error, lr.Offset = err.Error(), &ce.Offset
+		return nil
+	case err != nil:
 		return err
 	}
-	if len(value) > o.MaxValueSize {
-		return errorf(CodeTooLarge, "value is %d bytes, over the limit of %d", len(value), o.MaxValueSize)
+	lr.Exists, lr.OK = true, true
+	lr.Records = len(recs)
+	if len(recs) > 0 {
+		lr.First, lr.Last = recs[0].LSN, recs[len(recs)-1].LSN
 	}
-	if w.Strict && w.Token == 0 {
-		return errorf(CodeBadRequest, "strict needs a token")
-	}
-	if w.Lock != "" {
-		if w.Token == 0 {
-			return errorf(CodeBadRequest, "a held write (lock %q) needs the lock's token", w.Lock)
-		}
-		return o.CheckName(w.Lock)
-	}
+	lr.End, lr.Torn, lr.EndWhat = tail.Offset, tail.Torn, tail.Reason
 	return nil
-}
-
-// CheckName refuses an empty lock name or one over MaxKeySize.
-func (o *Options) CheckName(name string) error {
-	switch {
-	case name == "":
-		return errorf(CodeBadRequest, "lock name is empty")
-	case len(name) > o.MaxKeySize:
-		return errorf(CodeTooLarge, "lock name is %d bytes, over the limit of %d", len(name), o.MaxKeySize)
-	}
-	return nil
-}
-
-// CheckAcquire refuses an acquire whose name, TTL, wait, lock-delay or
-// holder is out of range.
-func (o *Options) CheckAcquire(name string, ttl time.Duration, ao AcquireOptions) error {
-	if err := o.CheckName(name); err != nil {
-		return err
-	}
-	switch {
-	case ttl < o.MinTTL || ttl > o.MaxTTL:
-		return errorf(CodeBadRequest, "ttl %v is outside %v..%v", ttl, o.MinTTL, o.MaxTTL)
-	case ao.Wait < 0 || ao.Wait > o.MaxWait:
-		return errorf(CodeBadRequest, "wait %v is outside 0..%v", ao.Wait, o.MaxWait)
-	case ao.LockDelay < 0 || ao.LockDelay > o.MaxLockDelay:
-		return errorf(CodeBadRequest, "lock delay %v is outside 0..%v", ao.LockDelay, o.MaxLockDelay)
-	case len(ao.Holder) > o.MaxKeySize:
-		return errorf(CodeTooLarge, "holder is %d bytes, over the limit of %d", len(ao.Holder), o.MaxKeySize)
-	}
-	return nil
-}
-
-// Limit returns the page size a Scan or Locks of limit n uses: 0 means
-// the default; above MaxScan is refused.
-func (o *Options) Limit(n int) (int, error) {
-	switch {
-	case n < 0:
-		return 0, errorf(CodeBadRequest, "limit %d is negative", n)
-	case n == 0:
-		return min(1000, o.MaxScan), nil
-	case n > o.MaxScan:
-		return 0, errorf(CodeBadRequest, "limit %d is over the maximum of %d", n, o.MaxScan)
-	}
-	return n, nil
 }

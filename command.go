@@ -24,7 +24,7 @@ const (
 	OpRenew                 // Lease.Name, Token
 	OpRelease               // Lease.Name, Token
 	OpExpire                // Lease.Name: apply what is due on the lock at Now (a no-op from an older Term)
-	OpRearm                 // every lease its full TTL again from Now; Term becomes the machine's term
+	OpRearm                 // every lease its full TTL again from Now; Term becomes the machine's term; Token, if set, is a floor for the token sequence
 )
 
 var opNames = [...]string{"", "put", "delete", "cas", "incr", "acquire", "renew", "release", "expire", "rearm"}

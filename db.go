@@ -91,7 +91,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, err
 	}
 	// The data file's lock (taken by kv.Open) also guards the log.
-	log, recs, err := wal.Open(filepath.Join(dir, LogFile))
+	logPath := filepath.Join(dir, LogFile)
+	log, recs, tail, err := wal.Open(logPath, m.Applied())
 	if err != nil {
 		m.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
@@ -118,7 +119,19 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
 	db.lastCkpt = time.Now()
-	if r := db.exec(context.Background(), Command{Op: OpRearm}); r.Err != nil {
+	rearm := Command{Op: OpRearm}
+	if tail.Torn {
+		floor, err := db.tokenFloor(logPath, tail)
+		if err != nil {
+			m.Close()
+			log.Close()
+			return nil, fmt.Errorf("fencekv: open: %w", err)
+		}
+		rearm.Token = floor
+		db.log.Warn("the write-ahead log ends in a damaged record: dropped it as a torn append (a crash cut it short; it was never acknowledged if its sync did not finish) and moved the token sequence past any token it could have issued",
+			"log", logPath, "offset", tail.Offset, "what", tail.Reason, "next_token_above", uint64(floor))
+	}
+	if r := db.exec(context.Background(), rearm); r.Err != nil {
 		db.Close()
 		return nil, fmt.Errorf("fencekv: open: re-arming leases: %w", r.Err)
 	}
@@ -184,4 +197,22 @@ func (db *DB) failure() error {
 	db.mu.Lock()
 	defer db.mu.Unlock()
 	return db.failed
+}
+
+// tokenFloor is the token sequence's new floor after a torn last log
+// record: above every token that record could have issued (G1), had its
+// sync finished before the crash and its grants been answered. A record
+// issues at most one token per command, and every command takes more
+// than one byte, so the bytes from the record to the end of the file bound
+// them.
+func (db *DB) tokenFloor(logPath string, tail wal.Tail) (Token, error) {
+	fi, err := os.Stat(logPath)
+	if err != nil {
+		return 0, err
+	}
+	var st Status
+	if err := db.m.Counters(&st); err != nil {
+		return 0, err
+	}
+	return st.LastToken + Token(max(fi.Size()-tail.Offset, 0)) + 1, nil
 }

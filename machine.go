@@ -180,6 +180,7 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
 		r.Noop = !changed
 	case OpRearm:
+		tx.RaiseToken(c.Token)
 		r.Err = leases.Rearm(tx, c.Now)
 		if r.Err == nil {
 			m.term = max(m.term, c.Term)

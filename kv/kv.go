@@ -100,19 +100,32 @@ type overlay struct {
 }
 
 // Open opens or creates the data file at path. It fails with ErrLocked when
-// another process has it open, and with ErrSchema when the file was written
-// by another schema version.
+// another process has it open, with ErrSchema when the file was written by
+// another schema version, and with a *DamagedError (ErrDamaged) when its
+// pages are damaged: it walks them first (see Check), and a panic in bbolt
+// is returned as an error, never let through.
 func Open(path string, opts Options) (*Store, error) {
 	timeout := opts.LockTimeout
 	if timeout <= 0 {
 		timeout = 100 * time.Millisecond
 	}
-	db, err := bolt.Open(path, 0o600, &bolt.Options{
-		Timeout:        timeout,
-		NoFreelistSync: true,
-		FreelistType:   bolt.FreelistMapType,
-		NoSync:         opts.NoSync,
+	if err := precheck(path, timeout); err != nil {
+		return nil, err
+	}
+	var db *bolt.DB
+	err := safely(path, func() error {
+		var err error
+		db, err = bolt.Open(path, 0o600, &bolt.Options{
+			Timeout:        timeout,
+			NoFreelistSync: true,
+			FreelistType:   bolt.FreelistMapType,
+			NoSync:         opts.NoSync,
+		})
+		return err
 	})
+	if errors.Is(err, ErrDamaged) {
+		return nil, err
+	}
 	if err != nil {
 		if errors.Is(err, berrors.ErrTimeout) {
 			return nil, fmt.Errorf("%w: %s", ErrLocked, path)
@@ -120,7 +133,7 @@ func Open(path string, opts Options) (*Store, error) {
 		return nil, fmt.Errorf("kv: open %s: %w", path, err)
 	}
 	s := &Store{db: db, ov: overlay{keys: map[string][]byte{}, locks: map[string][]byte{}}}
-	if err := s.init(); err != nil {
+	if err := safely(path, s.init); err != nil {
 		db.Close()
 		return nil, err
 	}
@@ -416,6 +429,16 @@ func (t *Tx) NextToken() Token {
 	t.lastToken++
 	t.dirty = true
 	return t.lastToken
+}
+
+// RaiseToken moves the token sequence to at least t: the next token issued
+// is above it. Like NextToken, the high-water mark is written by Commit.
+func (t *Tx) RaiseToken(floor Token) {
+	t.counters()
+	if floor > t.lastToken {
+		t.lastToken = floor
+		t.dirty = true
+	}
 }
 
 // Entry is a key's state.

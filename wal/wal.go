@@ -6,23 +6,64 @@
 // date (checkpointed) only now and then, after which the log starts over.
 // After a crash, the records the bbolt file does not reflect are replayed.
 //
+// # Records
+//
 // A record on disk is
 //
-//	length  uint32, big-endian: the payload's length
-//	crc     uint32, big-endian: CRC-32C of lsn and payload
+//	length  uint32, big-endian: the payload's length (at most MaxRecord)
+//	crc     uint32, big-endian: CRC-32C (Castagnoli) of lsn and payload
 //	lsn     uint64, big-endian: the record's number, given by the caller
 //	payload
 //
+// The caller numbers records with one increasing sequence that never
+// restarts (fencekv uses the sequence its data file records as applied):
+// each record numbers one more than the one before it, and after a
+// checkpoint that made the data file reflect records up to A, the next
+// record is numbered A+1.
+//
 // Starting over (Reset) does not truncate the file: new records overwrite
 // old ones from the start, because overwriting a file's blocks and syncing
-// costs less than growing it (no metadata to journal). Reading stops at the
-// first record that is cut short, fails its checksum, or does not number
-// one more than the record before it: a torn append (never synced, so never
-// acknowledged), or records left from before the last Reset. For the last
-// rule to hold, the caller numbers records with one increasing sequence that
-// never restarts (fencekv uses the sequence its data file records as
-// applied), so a record left from before a Reset never numbers one more
-// than a newer one.
+// costs less than growing it (no metadata to journal). So bytes of records
+// from before the last Reset, numbered A or lower, may follow the live
+// records: whole ones, or the rest of one cut by a newer record.
+//
+// # Reading: the end of the log, torn tails and corruption
+//
+// Open(path, after) (and Read, which only reads) is given A, the last
+// record the caller already has. It reads records from offset 0 on, while
+// they are whole, pass their checksum and number one more than the record
+// before them. Records numbered A or
+// lower at the start are skipped (left from before the checkpoint); the
+// others (A+1, A+2, ...) are returned. Where this run of records stops, the
+// log ends, in one of three ways (Tail):
+//
+//   - Clean: the next bytes are the end of the file, zeros, a whole record
+//     numbered no higher than the last one read (left from before a Reset),
+//     or bytes that are not the start of the next record (their number is not
+//     the next one): the rest of an older record.
+//   - Torn: the next bytes start the next record (they carry its number) but
+//     it is cut short by the end of the file, its length is impossible, or
+//     its checksum fails. Every append is synced before the next one is
+//     made, so only the last append can be torn by a crash; it was never
+//     synced, so never acknowledged. (Damage to the last record after it was
+//     synced looks the same: the caller treats what it may have held as
+//     possibly issued. Damage to the last record's number field makes it
+//     look like older bytes instead: a clean end.)
+//   - Corrupt: somewhere from where the next append would go (the end of
+//     the run, or offset 0 if it returned nothing) on, a whole record with
+//     a good checksum is numbered above the last record read (and at most
+//     A+2^32 — numbers further off are taken for noise). The records between
+//     are lost: the run stopped at a damaged record that was not the last
+//     append (bit rot, a bad disk, a hand edit), or a record is missing (the
+//     log jumps from N to N+2 or more). Open fails with a *CorruptError
+//     (errors.Is(err, ErrCorrupt)) naming the file and the offset, instead of
+//     silently dropping acknowledged records. To find such a record after a
+//     damaged one, whose length field cannot be trusted, Open tries every
+//     byte offset up to the end of the file, checking the number and length
+//     before the checksum.
+//
+// The next Append goes right after the last record returned (over a torn
+// record or older bytes), or at offset 0 if Open returned none.
 //
 // A Log is used by one goroutine at a time.
 package wal
@@ -41,10 +82,52 @@ const MaxRecord = 1 << 30
 
 const header = 16
 
+// window bounds the numbers Open takes for records of the log: at most
+// after+window. A record numbered further off is noise, not evidence of
+// lost records (a log this long would be 64 GiB of headers alone).
+const window = 1 << 32
+
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // ErrTooLarge is returned by Append for a payload over MaxRecord.
 var ErrTooLarge = errors.New("wal: record too large")
+
+// ErrCorrupt is matched (errors.Is) by the *CorruptError Open returns.
+var ErrCorrupt = errors.New("wal: the write-ahead log is corrupt")
+
+// CorruptError is Open's error for a log that lost records it had synced:
+// the run of good records stops at Offset, and a good record numbered
+// above the last one read (Found, at FoundAt) comes later.
+type CorruptError struct {
+	Path     string
+	Offset   int64  // where the run of good records stops: the damaged or missing record
+	Expected uint64 // the number of the record that should be at Offset
+	Found    uint64 // the number of a good record found later in the file
+	FoundAt  int64  // its offset
+	Reason   string // what is wrong at Offset
+}
+
+func (e *CorruptError) Error() string {
+	return fmt.Sprintf("wal: %s is corrupt at offset %d: record %d should be there, but there is %s; "+
+		"record %d follows at offset %d, so this is not a torn last write, and going on would lose acknowledged writes. "+
+		"Restore the data dir from a backup ('fencekv check --data DIR' shows the damage)",
+		e.Path, e.Offset, e.Expected, e.Reason, e.Found, e.FoundAt)
+}
+
+// Is makes errors.Is(err, ErrCorrupt) true.
+func (e *CorruptError) Is(target error) bool { return target == ErrCorrupt }
+
+// Tail is how the log read by Open ends (see the package doc).
+type Tail struct {
+	// Offset is where the run of records read ends: the first byte after
+	// the last record read, returned or skipped.
+	Offset int64
+	// Torn reports that a torn record, numbered as the next one, starts at
+	// Offset (and nothing numbered above it follows). Its contents are lost.
+	Torn bool
+	// Reason says, for people, what Open found at Offset.
+	Reason string
+}
 
 // Log is an open write-ahead log.
 type Log struct {
@@ -59,41 +142,183 @@ type Record struct {
 	Payload []byte
 }
 
-// Open opens or creates the log at path and returns it with the records
-// since its last Reset, in order (possibly preceded by records from before
-// it, which the caller recognises by their numbers). The next Append goes
-// after them.
-func Open(path string) (*Log, []Record, error) {
+// Open opens or creates the log at path, and returns it with the records
+// numbered above after (the last record the caller already has, 0 for
+// none), in order, and how the log ends. It fails with a *CorruptError if
+// records the log once held are lost (see the package doc). The next
+// Append goes after the records returned, or at offset 0 if there are none.
+func Open(path string, after uint64) (*Log, []Record, Tail, error) {
 	f, err := os.OpenFile(path, os.O_RDWR|os.O_CREATE, 0o600)
 	if err != nil {
-		return nil, nil, fmt.Errorf("wal: %w", err)
+		return nil, nil, Tail{}, fmt.Errorf("wal: %w", err)
 	}
 	data, err := io.ReadAll(f)
 	if err != nil {
 		f.Close()
-		return nil, nil, fmt.Errorf("wal: %w", err)
+		return nil, nil, Tail{}, fmt.Errorf("wal: %w", err)
+	}
+	recs, tail, err := read(data, after)
+	if err != nil {
+		f.Close()
+		if ce, ok := err.(*CorruptError); ok {
+			ce.Path = path
+		}
+		return nil, nil, Tail{}, err
 	}
 	l := &Log{f: f}
+	if len(recs) > 0 {
+		l.off = tail.Offset
+	}
+	return l, recs, tail, nil
+}
+
+// Read reads the log at path as Open does, without opening it for writing
+// or creating it (for inspection: fencekv check).
+func Read(path string, after uint64) ([]Record, Tail, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, Tail{}, fmt.Errorf("wal: %w", err)
+	}
+	recs, tail, err := read(data, after)
+	if ce, ok := err.(*CorruptError); ok {
+		ce.Path = path
+	}
+	return recs, tail, err
+}
+
+// read parses a log's bytes as Open describes.
+func read(data []byte, after uint64) ([]Record, Tail, error) {
 	var recs []Record
-	for off := 0; len(data)-off >= header; {
-		n := int(binary.BigEndian.Uint32(data[off:]))
-		sum := binary.BigEndian.Uint32(data[off+4:])
-		lsn := binary.BigEndian.Uint64(data[off+8:])
-		if n > MaxRecord || len(data)-off-header < n ||
-			crc32.Checksum(data[off+8:off+header+n], castagnoli) != sum ||
-			(len(recs) > 0 && lsn != recs[len(recs)-1].LSN+1) {
+	var prev uint64 // the last record read, skipped or returned
+	off := 0
+	for {
+		lsn, n, ok := record(data, off)
+		if !ok {
 			break
 		}
-		recs = append(recs, Record{LSN: lsn, Payload: data[off+header : off+header+n]})
+		if off > 0 && (lsn != prev+1 || prev == ^uint64(0)) || off == 0 && lsn > after && lsn != after+1 {
+			break
+		}
+		if lsn > after {
+			recs = append(recs, Record{LSN: lsn, Payload: data[off+header : off+header+n]})
+		}
+		prev = lsn
 		off += header + n
-		l.off = int64(off)
 	}
-	return l, recs, nil
+	last := after
+	scanFrom := 0 // where the next append goes
+	if len(recs) > 0 {
+		last = recs[len(recs)-1].LSN
+		scanFrom = off
+	}
+	limit := after + window
+	if limit < after {
+		limit = ^uint64(0)
+	}
+	// Any good record numbered above the last one read, from where the
+	// next append goes on, proves that records were lost.
+	if at, lsn, found := findLater(data, scanFrom, last, limit); found {
+		return nil, Tail{}, &CorruptError{Offset: int64(off), Expected: last + 1,
+			Found: lsn, FoundAt: int64(at), Reason: describe(data, off, last)}
+	}
+	return recs, Tail{Offset: int64(off), Torn: torn(data, off, last), Reason: describe(data, off, last)}, nil
+}
+
+// record decodes the header at off and reports whether a whole record with
+// a good checksum starts there.
+func record(data []byte, off int) (lsn uint64, n int, ok bool) {
+	if len(data)-off < header {
+		return 0, 0, false
+	}
+	n64 := uint64(binary.BigEndian.Uint32(data[off:]))
+	lsn = binary.BigEndian.Uint64(data[off+8:])
+	if n64 > MaxRecord || n64 > uint64(len(data)-off-header) {
+		return lsn, 0, false
+	}
+	n = int(n64)
+	sum := binary.BigEndian.Uint32(data[off+4:])
+	return lsn, n, crc32.Checksum(data[off+8:off+header+n], castagnoli) == sum
+}
+
+// findLater returns the first offset from from on where a good record
+// numbered in (last, limit] starts. It looks at every byte offset, and
+// computes a checksum only where the number and length fit.
+func findLater(data []byte, from int, last, limit uint64) (at int, lsn uint64, found bool) {
+	for p := from; p <= len(data)-header; p++ {
+		lsn := binary.BigEndian.Uint64(data[p+8:])
+		if lsn <= last || lsn > limit {
+			continue
+		}
+		if _, _, ok := record(data, p); ok {
+			return p, lsn, true
+		}
+	}
+	return 0, 0, false
+}
+
+// torn reports whether the bytes at off begin record last+1, damaged: its
+// header names it (as far as the file goes) but the record is not whole.
+func torn(data []byte, off int, last uint64) bool {
+	rest := data[off:]
+	if len(rest) > header {
+		rest = rest[:header]
+	}
+	if allZero(rest) {
+		return false
+	}
+	var want [8]byte
+	binary.BigEndian.PutUint64(want[:], last+1)
+	if len(rest) <= 8 {
+		return true // a cut header: nothing of its number to check
+	}
+	got := rest[8:]
+	return string(got) == string(want[:len(got)])
+}
+
+// describe says what is at off, where the run of records stopped, for
+// Tail.Reason and CorruptError.Reason.
+func describe(data []byte, off int, last uint64) string {
+	rest := len(data) - off
+	switch {
+	case rest == 0:
+		return "the end of the file"
+	case rest < header && allZero(data[off:]):
+		return fmt.Sprintf("%d zero bytes to the end of the file", rest)
+	case rest < header:
+		return fmt.Sprintf("%d bytes, too few for a record header, to the end of the file", rest)
+	case allZero(data[off : off+header]):
+		return "zeros"
+	}
+	n := uint64(binary.BigEndian.Uint32(data[off:]))
+	lsn, _, ok := record(data, off)
+	switch {
+	case ok && lsn <= last:
+		return fmt.Sprintf("record %d, left from before the last checkpoint", lsn)
+	case ok:
+		return fmt.Sprintf("record %d where record %d should be", lsn, last+1)
+	case lsn != last+1:
+		return fmt.Sprintf("bytes that do not start record %d (its number field reads %d)", last+1, lsn)
+	case n > MaxRecord:
+		return fmt.Sprintf("record %d with an impossible length (%d bytes)", lsn, n)
+	case n > uint64(rest-header):
+		return fmt.Sprintf("record %d cut short: its length is %d bytes, the file has %d more", lsn, n, rest-header)
+	}
+	return fmt.Sprintf("record %d with a bad checksum", lsn)
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // Append writes record lsn after the last. lsn must be one more than the
-// last record's (any number for the first after Open or Reset, but never one
-// used before). It is not durable until Sync returns.
+// last record's: after Open, one more than the last record it returned (or
+// than its after, if it returned none); after Reset, one more than the last
+// record the checkpoint covered. It is not durable until Sync returns.
 func (l *Log) Append(lsn uint64, payload []byte) error {
 	if len(payload) > MaxRecord {
 		return ErrTooLarge
@@ -124,8 +349,9 @@ func (l *Log) Sync() error {
 func (l *Log) Size() int64 { return l.off }
 
 // Reset starts the log over: the next record is written at the start of
-// the file, and Open will not return the records before it. Call it only
-// once every record is reflected elsewhere (a checkpoint) and durable there.
+// the file. Call it only once every record is reflected elsewhere (a
+// checkpoint) and durable there; the next Open must be given the last
+// record's number as after.
 func (l *Log) Reset() {
 	l.off = 0
 }

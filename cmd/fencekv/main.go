@@ -61,6 +61,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 		},
 		Commands: []*cli.Command{
 			serveCommand(),
+			checkCommand(),
 			pingCommand(),
 			statusCommand(),
 			membersCommand(),
