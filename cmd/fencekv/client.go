@@ -144,11 +144,19 @@ func statusCommand() *cli.Command {
 					"commits     %d (%.1f commands and %v of log sync each)\ncheckpoints %d (%v each)\ndata size   %d bytes",
 					st.Version, st.LastToken, st.Revision, st.Keys, st.Locks, st.Waiters,
 					st.Commits, per, sync.Round(time.Microsecond), st.Checkpoints, ckpt.Round(time.Microsecond), st.DataSize)
-				return show(c, human, map[string]any{
+				out := map[string]any{
 					"version": st.Version, "last_token": st.LastToken, "revision": st.Revision, "keys": st.Keys,
 					"locks": st.Locks, "waiters": st.Waiters, "commits": st.Commits, "commands": st.Commands, "data_size": st.DataSize,
 					"sync_us": st.SyncTime.Microseconds(), "checkpoints": st.Checkpoints, "checkpoint_us": st.CheckpointTime.Microseconds(),
-				})
+					"role": st.Role,
+				}
+				if st.Role != "single" && st.Role != "" {
+					human = fmt.Sprintf("node        %s (%s, term %d)\nleader      %s\napplied     %d of %d committed\n",
+						st.Node, st.Role, st.Term, st.Leader, st.AppliedIndex, st.CommitIndex) + human
+					out["node"], out["leader"], out["term"] = st.Node, st.Leader, st.Term
+					out["commit_index"], out["applied_index"] = st.CommitIndex, st.AppliedIndex
+				}
+				return show(c, human, out)
 			})
 		},
 	}
