@@ -210,7 +210,7 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 	req := fencekv.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}
 	switch {
 	case n.m.Waiting(name) == 0:
-		r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Now: n.now(), Term: term, Lease: req})
+		r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Lease: req}, term)
 		if err != nil {
 			return fencekv.Lease{}, err
 		}

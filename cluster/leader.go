@@ -119,7 +119,7 @@ func (n *Node) takeOver(term uint64) error {
 	if err := n.raft.Barrier(n.cfg.HoldTimeout).Error(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
-	_, err := n.apply(fencekv.Command{Op: fencekv.OpRearm, Now: n.now(), Term: term})
+	_, err := n.apply(fencekv.Command{Op: fencekv.OpRearm}, term)
 	return err
 }
 
@@ -190,11 +190,18 @@ func (n *Node) leaderClientAddr() (string, bool) {
 	return m.Client, true
 }
 
-// apply proposes one command (stamped by the caller) and waits for its
-// result. An error that is not a *fencekv.Error's refusal says whether
-// the command may have been applied.
-func (n *Node) apply(c fencekv.Command) (fencekv.Result, error) {
+// apply stamps c with this leader's time and the given term, proposes it,
+// and waits for its result. Stamping and handing the entry to raft happen
+// under one lock, so entries reach the log in the order of their times:
+// within a leader's term, time never goes back from one command to the
+// next (a renew is never judged at a time before an expiry ahead of it).
+// An error that is not a refusal says whether the command may have been
+// applied.
+func (n *Node) apply(c fencekv.Command, term uint64) (fencekv.Result, error) {
+	n.pmu.Lock()
+	c.Now, c.Term = n.now(), term
 	f := n.raft.Apply(fencekv.EncodeBatch([]fencekv.Command{c}), n.cfg.HoldTimeout)
+	n.pmu.Unlock()
 	if err := f.Error(); err != nil {
 		switch {
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
@@ -224,8 +231,7 @@ func (n *Node) propose(ctx context.Context, c fencekv.Command) (fencekv.Result, 
 	if err != nil {
 		return fencekv.Result{}, err
 	}
-	c.Now, c.Term = n.now(), term
-	return n.apply(c)
+	return n.apply(c, term)
 }
 
 // expiryLoop proposes an expire command for each lock whose lease or
@@ -239,8 +245,7 @@ func (n *Node) expiryLoop(ctx context.Context, term uint64) {
 			d := at - n.now()
 			if d <= 0 {
 				for _, name := range n.m.DueLocks(n.now(), n.opts.MaxBatch) {
-					if _, err := n.apply(fencekv.Command{Op: fencekv.OpExpire, Now: n.now(), Term: term,
-						Lease: fencekv.LeaseRequest{Name: name}}); err != nil {
+					if _, err := n.apply(fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: name}}, term); err != nil {
 						n.log.Warn("expire", "lock", name, "err", err)
 						if !n.pause(ctx, 50*time.Millisecond) {
 							return
@@ -319,7 +324,7 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 				if w == nil {
 					break
 				}
-				r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Now: n.now(), Term: term, Lease: w.Req})
+				r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Lease: w.Req}, term)
 				if err == nil && errors.Is(r.Err, fencekv.ErrLockHeld) {
 					n.m.Requeue(w)
 					break

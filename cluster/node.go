@@ -49,7 +49,9 @@ type Node struct {
 	ml    *memberlist.Memberlist
 	mdel  *members
 
-	mu     sync.Mutex    // guards ready, term, change, leads
+	pmu sync.Mutex // orders stamping a command's time with handing it to raft (see apply)
+
+	mu     sync.Mutex    // guards ready, term, change
 	ready  bool          // this node leads, and its rearm has been applied
 	term   uint64        // the term in which it became ready
 	change chan struct{} // closed (and replaced) when leadership or readiness changes
