@@ -110,16 +110,22 @@ func runLocked(c *cli.Context) error {
 // runChild runs argv with the lease in its environment until it exits, or
 // until ctx ends because the lease may be lost; then it stops the child.
 func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []string, sigs <-chan os.Signal) error {
-	cmd := exec.Command(argv[0], argv[1:]...)
+	// Under a guard (guard.go): if run-locked dies, even by SIGKILL, the
+	// command's whole process group is stopped, so that a job never
+	// outlives the process that holds its lock.
+	cmd, err := guardCommand(c.Duration("grace"), argv)
+	if err != nil {
+		fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked: %v\n", err)
+		return &childExit{status: 127}
+	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
 	cmd.Env = append(os.Environ(),
 		"FENCEKV_TOKEN="+strconv.FormatUint(uint64(l.Token), 10),
 		"FENCEKV_LOCK="+l.Name,
 		"FENCEKV_ADDR="+c.String("addr"),
 	)
-	// Its own process group, so that a lost lease stops the command's
-	// children too.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	// The guard leads its own process group (the command is in it), so
+	// that a lost lease stops the command's children too.
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked: %v\n", err)
 		return &childExit{status: 127}

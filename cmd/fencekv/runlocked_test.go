@@ -42,11 +42,13 @@ func childInfo(t *testing.T, path string) (pid int, token uint64) {
 	return pid, parseToken(t, f[1])
 }
 
-// wantGone checks that a process no longer exists.
+// wantGone checks that a process no longer runs: it is gone, or a zombie
+// waiting to be reaped (a command killed together with its guard is
+// reaped by init, a moment later).
 func wantGone(t *testing.T, pid int) {
 	t.Helper()
-	if err := syscall.Kill(pid, 0); err != syscall.ESRCH {
-		t.Errorf("process %d still exists (kill 0: %v)", pid, err)
+	if err := syscall.Kill(pid, 0); err != syscall.ESRCH && !zombie(pid) {
+		t.Errorf("process %d still runs (kill 0: %v)", pid, err)
 	}
 }
 
@@ -340,4 +342,44 @@ func TestRunLockedServerKilled(t *testing.T) {
 		t.Errorf("command stopped %v after the server died, want about the TTL (1s)", d)
 	}
 	wantGone(t, pid)
+}
+
+// TestRunLockedKilledTakesItsJob: kill -9 of run-locked stops its command
+// and the command's own children (the whole process group) within the
+// grace period, so a job never outlives the process that holds its lock.
+func TestRunLockedKilledTakesItsJob(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir)
+	// The command records its own pid and a grandchild's, then waits.
+	p := c.start("run-locked", "orphan", "--grace", "1s", "--", "sh", "-c",
+		`sleep 30 & echo $! > "$DIR/grandchild"; echo $$ $FENCEKV_TOKEN > "$DIR/pid"; wait`)
+	pid, _ := childInfo(t, filepath.Join(dir, "pid"))
+	grandchild, err := strconv.Atoi(strings.TrimSpace(readFile(t, filepath.Join(dir, "grandchild"))))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { syscall.Kill(grandchild, syscall.SIGKILL) })
+	if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	p.wait(t, 10*time.Second)
+	for _, proc := range []int{pid, grandchild} {
+		waitFor(t, 10*time.Second, fmt.Sprintf("process %d to be stopped", proc), func() bool {
+			return syscall.Kill(proc, 0) == syscall.ESRCH || zombie(proc)
+		})
+		wantGone(t, proc)
+	}
+}
+
+// zombie reports whether pid has exited but not been reaped yet (its
+// parent, the guard, may be on its way out too).
+func zombie(pid int) bool {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+	if err != nil {
+		return true
+	}
+	f := strings.Fields(string(b))
+	return len(f) > 2 && f[2] == "Z"
 }
