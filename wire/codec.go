@@ -33,11 +33,13 @@ type message struct {
 // that no msgid could be read: the connection cannot be answered.
 var errNoID = errors.New("malformed message: no msgid")
 
-// parseMessage parses a frame. A non-nil error with hasID set can be
-// answered with an error response to m.msgid; without it, the connection
-// should be closed.
+// parseMessage parses a frame: one whole msgpack object, as frameReader
+// returns. A non-nil error with hasID set can be answered with an error
+// response to m.msgid; without it, the connection should be closed.
+// m.params is a slice of frame, not a copy.
 func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, err error) {
-	dec.Reset(bytes.NewReader(frame))
+	r := bytes.NewReader(frame)
+	dec.Reset(r)
 	n, err := dec.DecodeArrayLen()
 	if err != nil || (n != 4 && n != 3) {
 		return m, false, fmt.Errorf("%w: want an array of 3 or 4, got %d (%v)", errNoID, n, err)
@@ -70,11 +72,13 @@ func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, er
 	case -1, 0:
 		return m, hasID, nil
 	case 1:
-		raw, err := dec.DecodeRaw()
-		if err != nil {
-			return m, hasID, badRequest("params: %v", err)
+		// params is the message's last element, so its one element is
+		// the rest of the frame: no need to decode (and copy) it here.
+		raw := frame[len(frame)-r.Len():]
+		if len(raw) == 0 {
+			return m, hasID, badRequest("params: missing element")
 		}
-		if len(raw) > 0 && raw[0] != msgpcode.Nil {
+		if raw[0] != msgpcode.Nil {
 			m.params = raw
 		}
 		return m, hasID, nil

@@ -294,12 +294,20 @@ func (c *conn) serve() {
 func (c *conn) readLoop() {
 	fr := newFrameReader(c.nc, c.s.cfg.MaxMessageSize)
 	dec := msgpack.NewDecoder(nil)
+	last := 0 // the size of the previous message
 	for {
+		if last > frameKeep {
+			// The decoder keeps a buffer as large as the longest string
+			// it decoded or skipped: do not keep one sized by a large
+			// message.
+			dec = msgpack.NewDecoder(nil)
+		}
 		frame, err := fr.next()
 		if err != nil {
 			c.frameError(dec, frame, err)
 			return
 		}
+		last = len(frame)
 		m, hasID, err := parseMessage(dec, frame)
 		if err != nil {
 			if !hasID {
