@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
@@ -332,12 +333,24 @@ func (e *encoder) response(msgid uint32) {
 	e.EncodeUint(uint64(msgid))
 }
 
+// maxErrorMessage is the longest error message sent; a longer one (it may
+// quote a lock name or method name of any length) is cut, so that every
+// answer but a read's is small.
+const maxErrorMessage = 1 << 10
+
 // errorMap writes a refusal as {"code", "message", facts...}; each code
 // carries the facts listed in PROTOCOL.md.
 func (e *encoder) errorMap(err *fencekv.Error) {
 	msg := err.Message
 	if msg == "" {
 		msg = string(err.Code)
+	}
+	if len(msg) > maxErrorMessage {
+		cut := maxErrorMessage - len("...")
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "..."
 	}
 	n := 2
 	switch err.Code {

@@ -1,7 +1,6 @@
 package wire
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
@@ -49,6 +48,12 @@ type Config struct {
 	// MaxInFlight is the most requests one connection may have pending
 	// (including blocked acquires); more are refused with limit_exceeded.
 	MaxInFlight int
+	// MaxPendingBytes is a connection's budget of answers waiting to be
+	// written, in bytes. While its unsent answers are over it, the server
+	// reads no more requests from the connection (backpressure) until the
+	// client has read enough of them. One answer larger than the budget is
+	// still sent: the budget only stops the reading.
+	MaxPendingBytes int
 	// WriteTimeout drops a connection whose peer does not read its
 	// responses for this long.
 	WriteTimeout time.Duration
@@ -59,10 +64,11 @@ type Config struct {
 // DefaultConfig returns the documented default limits.
 func DefaultConfig() Config {
 	return Config{
-		MaxMessageSize: 4 << 20,
-		MaxConns:       10_000,
-		MaxInFlight:    1024,
-		WriteTimeout:   30 * time.Second,
+		MaxMessageSize:  4 << 20,
+		MaxConns:        10_000,
+		MaxInFlight:     1024,
+		MaxPendingBytes: 4 << 20,
+		WriteTimeout:    30 * time.Second,
 	}
 }
 
@@ -89,7 +95,7 @@ type Server struct {
 
 // NewServer returns a server for eng.
 func NewServer(eng Engine, cfg Config) (*Server, error) {
-	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.WriteTimeout <= 0 {
+	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.MaxPendingBytes <= 0 || cfg.WriteTimeout <= 0 {
 		return nil, errors.New("wire: limits must be positive")
 	}
 	s := &Server{
@@ -239,10 +245,16 @@ func (s *Server) forget(c *conn) {
 	s.connWG.Done()
 }
 
-// conn is one client connection: a read loop that parses frames and starts
-// a handler goroutine per request. Each handler writes its own response,
-// under wmu; the last of the writers queued at a moment flushes, so a burst
-// of responses leaves in one write.
+// conn is one client connection: a read loop that parses frames, serves
+// reads itself and starts a handler goroutine per other request.
+//
+// Answers are written by one goroutine at a time, the flusher: whichever
+// has an answer when nobody is writing. Answers that are ready while it
+// writes are queued for it, so no goroutine waits on a slow client, and a
+// burst of answers leaves in one write. The memory held by the queued
+// answers and the ones being written is counted in pending; while that is
+// over the budget (Config.MaxPendingBytes) the read loop reads no further
+// request.
 type conn struct {
 	s  *Server
 	nc net.Conn
@@ -256,10 +268,19 @@ type conn struct {
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
 
-	writers atomic.Int32 // handlers waiting for or holding wmu
-	wmu     sync.Mutex   // guards bw, broken
-	bw      *bufio.Writer
-	broken  bool // a write failed: the connection is being torn down
+	// The flusher alone uses vec and out, outside wmu.
+	vec [][]byte    // its write vector, reused
+	out net.Buffers // vec as WriteTo consumes it
+
+	wmu      sync.Mutex   // guards the fields below
+	queue    []*encoder   // answers waiting for the flusher
+	batch    []*encoder   // the flusher's spare batch slice, reused
+	flushing bool         // a flusher is at work and will drain queue
+	broken   bool         // a write failed: the connection is being torn down
+	stopping bool         // the read loop was told to stop (shutdown)
+	waiting  bool         // the read loop waits on room
+	room     sync.Cond    // wakes the read loop: room in the budget, or it must stop
+	pending  atomic.Int64 // cost of the answers queued or being written; changed under wmu
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -267,16 +288,33 @@ func newConn(s *Server, nc net.Conn) *conn {
 		s:     s,
 		nc:    nc,
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
-		bw:    bufio.NewWriterSize(nc, 64<<10),
 	}
+	c.room.L = &c.wmu
 	c.waits, c.cancel = context.WithCancel(s.base)
 	return c
 }
 
-// stopReading makes the read loop end at its next read. Called with s.mu held.
-func (c *conn) stopReading() { c.nc.SetReadDeadline(time.Now()) }
+// stopReading makes the read loop end at its next read, or now if it waits
+// for room. Called with s.mu held.
+func (c *conn) stopReading() {
+	c.nc.SetReadDeadline(time.Now())
+	c.wmu.Lock()
+	c.stopping = true
+	c.room.Signal()
+	c.wmu.Unlock()
+}
 
 var encoderPool = sync.Pool{New: func() any { return newEncoder() }}
+
+// maxPooledEncoder is the largest encoder buffer kept for reuse: a large
+// answer's buffer goes back to the garbage collector.
+const maxPooledEncoder = 64 << 10
+
+func putEncoder(e *encoder) {
+	if e.buf.Cap() <= maxPooledEncoder {
+		encoderPool.Put(e)
+	}
+}
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
@@ -296,6 +334,9 @@ func (c *conn) readLoop() {
 	dec := msgpack.NewDecoder(nil)
 	last := 0 // the size of the previous message
 	for {
+		if !c.waitRoom() {
+			return
+		}
 		if last > frameKeep {
 			// The decoder keeps a buffer as large as the longest string
 			// it decoded or skipped: do not keep one sized by a large
@@ -326,13 +367,18 @@ func (c *conn) readLoop() {
 			continue
 		}
 		// Serve a request here, without a goroutine or an in-flight slot,
-		// when that holds up nothing: reads (microseconds), and writes
-		// when the client has sent nothing more yet (a client waiting for
-		// this answer; a pipelining client gets its writes served
-		// concurrently, so they share commits). Never an acquire that may
-		// wait for the lock.
-		if m.typ == typeRequest && (readOnly[m.method] ||
-			fr.idle() && !(m.method == "acquire" && a.waitMs > 0)) {
+		// when that holds up nothing: reads (microseconds to a
+		// millisecond), and writes when the client has sent nothing more
+		// yet (a client waiting for this answer; a pipelining client gets
+		// its writes served concurrently, so they share commits). Never
+		// an acquire that may wait for the lock. Reads, whose answers
+		// can be large (a scan page, a value), are always served here,
+		// notifications too: so one at a time per connection, each after
+		// waitRoom, and a client that does not read its answers holds at
+		// most the budget and one such answer, plus the small answers of
+		// the writes in flight.
+		if readOnly[m.method] || m.typ == typeRequest &&
+			fr.idle() && !(m.method == "acquire" && a.waitMs > 0) {
 			c.handlers.Add(1)
 			c.handle(m, &a)
 			continue
@@ -393,7 +439,7 @@ func (c *conn) handle(m message, a *args) {
 	e.response(m.msgid)
 	call, ok := methods[m.method]
 	if !ok {
-		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", m.method)})
+		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %.64q", m.method)})
 		return
 	}
 	// The result is written after the nil error slot; on a refusal the
@@ -434,7 +480,7 @@ func (c *conn) send(m message, e *encoder) {
 		if m.slot {
 			<-c.slots
 		}
-		encoderPool.Put(e)
+		putEncoder(e)
 		return
 	}
 	c.write(e, m.slot)
@@ -449,36 +495,139 @@ func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 	c.write(e, false)
 }
 
-// write buffers a response and flushes if no other writer is queued behind
-// it. The slot is freed under wmu, before the flush: a client that sends
-// its next request as soon as it has an answer must find the slot free,
-// and handlers blocked on a slow reader still hold their slots, so at most
-// MaxInFlight of them pile up.
+// write sends an answer: it queues it if a flusher is at work, or becomes
+// the flusher. The slot is freed first, under wmu: a client that sends its
+// next request as soon as it has an answer must find the slot free. A
+// handler never waits for a slow client here unless it is the flusher, so
+// handlers do not pile up behind one; what piles up is the queue, which
+// the budget bounds.
 func (c *conn) write(e *encoder, slot bool) {
-	c.writers.Add(1)
 	c.wmu.Lock()
 	if slot {
 		<-c.slots
 	}
-	last := c.writers.Add(-1) == 0
-	if !c.broken {
-		if last || c.bw.Available() < e.buf.Len() {
-			// Only a flush reaches the socket: arm the deadline for it.
-			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
-		}
-		_, err := c.bw.Write(e.buf.Bytes())
-		if err == nil && last {
-			err = c.bw.Flush()
-		}
-		if err != nil {
-			// The peer is gone or not reading: stop the read loop too.
-			c.broken = true
-			c.nc.Close()
-			c.cancel()
-		}
+	if c.broken {
+		c.wmu.Unlock()
+		putEncoder(e)
+		return
 	}
+	c.pending.Add(cost(e))
+	if c.flushing {
+		c.queue = append(c.queue, e)
+		c.wmu.Unlock()
+		return
+	}
+	c.flushing = true
+	batch := append(c.batch[:0], e)
+	c.batch = nil
 	c.wmu.Unlock()
-	if e.buf.Cap() <= 64<<10 {
-		encoderPool.Put(e)
+	c.flush(batch)
+}
+
+// flush writes batch, then whatever was queued meanwhile, until the queue
+// is empty; then it gives up the flusher's role. Only the flusher touches
+// vec and out. Each write to the socket gets the write timeout: a client that
+// reads nothing for that long fails it, and the connection is torn down.
+func (c *conn) flush(batch []*encoder) {
+	for {
+		var n int64
+		for _, e := range batch {
+			n += cost(e)
+		}
+		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		var err error
+		if len(batch) == 1 {
+			_, err = c.nc.Write(batch[0].buf.Bytes())
+		} else {
+			vec := c.vec[:0]
+			for _, e := range batch {
+				vec = append(vec, e.buf.Bytes())
+			}
+			c.vec, c.out = vec, vec
+			_, err = c.out.WriteTo(c.nc) // one writev for the whole batch
+			clear(vec)
+		}
+		for i, e := range batch {
+			putEncoder(e)
+			batch[i] = nil
+		}
+		c.wmu.Lock()
+		c.pending.Add(-n)
+		if err != nil {
+			c.fail()
+		}
+		if c.broken || len(c.queue) == 0 {
+			c.flushing = false
+			// Keep the slices a usual burst needs, not those a long
+			// queue grew.
+			if cap(batch) <= keepQueue {
+				c.batch = batch[:0]
+			}
+			if cap(c.queue) > keepQueue {
+				c.queue = nil
+			}
+			if cap(c.vec) > keepQueue {
+				c.vec, c.out = nil, nil
+			}
+			c.wake()
+			c.wmu.Unlock()
+			return
+		}
+		batch, c.queue = c.queue, batch[:0]
+		c.wake()
+		c.wmu.Unlock()
 	}
+}
+
+// answerOverhead is what a queued answer costs besides its bytes: the
+// encoder holding it, and its places in the queue and the write vector.
+const answerOverhead = 256
+
+// keepQueue is the most queue entries a connection keeps room for between
+// bursts.
+const keepQueue = 1024
+
+// cost is what an answer counts against the connection's budget while it
+// waits to be written: the memory it holds.
+func cost(e *encoder) int64 { return int64(e.buf.Cap() + answerOverhead) }
+
+// fail tears the connection down after a failed write: the peer is gone or
+// does not read. The queued answers are dropped, and the read loop stops
+// too. Called with wmu held.
+func (c *conn) fail() {
+	c.broken = true
+	for i, e := range c.queue {
+		c.pending.Add(-cost(e))
+		putEncoder(e)
+		c.queue[i] = nil
+	}
+	c.queue = c.queue[:0]
+	c.nc.Close()
+	c.cancel()
+}
+
+// wake lets the read loop go on if it waits and there is room now, or if
+// it must stop. Called with wmu held.
+func (c *conn) wake() {
+	if c.waiting && (c.broken || c.pending.Load() <= int64(c.s.cfg.MaxPendingBytes)) {
+		c.room.Signal()
+	}
+}
+
+// waitRoom blocks the read loop while the connection's unsent answers are
+// over the budget. It returns false if the connection is being torn down
+// or the server is shutting down: the read loop must stop.
+func (c *conn) waitRoom() bool {
+	budget := int64(c.s.cfg.MaxPendingBytes)
+	if c.pending.Load() <= budget {
+		return true
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for c.pending.Load() > budget && !c.broken && !c.stopping {
+		c.waiting = true
+		c.room.Wait()
+	}
+	c.waiting = false
+	return !c.broken && !c.stopping
 }

@@ -3,12 +3,14 @@
 package main
 
 // Resource limits of a real 'fencekv serve' process, measured from the
-// outside: its resident memory (/proc/PID/status) under clients that leave
-// large messages behind.
+// outside: its resident memory (/proc/PID/status) under clients that
+// pipeline large answers and never read them or that leave large messages
+// behind.
 
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"fmt"
 	"net"
 	"os"
@@ -17,6 +19,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -76,6 +80,100 @@ func (r *rawConn) read(d time.Duration) ([]any, error) {
 	var msg []any
 	err := r.dec.Decode(&msg)
 	return msg, err
+}
+
+// TestServeMemoryPipelinedScans: a client pipelines many scans whose pages
+// are about 2 MiB each and reads none of the answers. The server must stop
+// reading that connection's requests once its unsent answers reach the
+// connection's budget, so its resident memory stays bounded, and it must
+// keep answering other connections promptly. Afterwards the client reads,
+// and every scan is answered.
+//
+// Before the fix (every scan served by its own goroutine, each holding its
+// encoded page until the socket took it) the server's peak RSS passed 1 GB
+// here; with it, about 50 MB.
+func TestServeMemoryPipelinedScans(t *testing.T) {
+	if testing.Short() {
+		t.Skip("moves half a gigabyte through a real server")
+	}
+	const (
+		scans = 256
+		bound = 256 * mib // peak RSS allowed: base + budget + one page, with room for GC
+	)
+	s := startServer(t, t.TempDir())
+	pid := s.cmd.Process.Pid
+	ctx := context.Background()
+	c, err := wire.Dial(ctx, s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Four values of 500 KiB: one scan page (the engine stops a page at
+	// 2 MiB of keys and values) holds all four, about 2 MB.
+	value := bytes.Repeat([]byte("v"), 500<<10)
+	for i := range 4 {
+		if _, err := c.Put(ctx, fmt.Appendf(nil, "big/%d", i), value, fencekv.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	raw := dialRawConn(t, s.addr)
+	var reqs []byte
+	for i := range scans {
+		reqs = append(reqs, encodeMsg(t, 0, i, "scan", []any{map[string]any{"prefix": "big/"}})...)
+	}
+	// The server may stop reading before it has all of them: write from
+	// another goroutine.
+	sent := make(chan error, 1)
+	go func() {
+		_, err := raw.nc.Write(reqs)
+		sent <- err
+	}()
+
+	// Watch the server for a while: its RSS must stay under the bound (a
+	// server that buffers every answer passes it within a second), and a
+	// ping on another connection must be answered promptly meanwhile.
+	other := dialRawConn(t, s.addr)
+	start := time.Now()
+	var peak int64
+	for i := 0; time.Since(start) < 3*time.Second; i++ {
+		if rss := procStatus(t, pid, "VmRSS"); rss > peak {
+			peak = rss
+		}
+		if peak > bound {
+			t.Fatalf("server RSS %d MB with %d unread scan answers pending; bound %d MB", peak/mib, scans, bound/mib)
+		}
+		pinged := time.Now()
+		if _, err := other.nc.Write(encodeMsg(t, 0, i, "ping", []any{})); err != nil {
+			t.Fatal(err)
+		}
+		msg, err := other.read(2 * time.Second)
+		if err != nil || len(msg) != 4 || msg[2] != nil {
+			t.Fatalf("ping on another connection: %v, %v (after %v)", msg, err, time.Since(pinged))
+		}
+	}
+
+	// Now read: every scan is answered with its page.
+	for range scans {
+		msg, err := raw.read(30 * time.Second)
+		if err != nil {
+			t.Fatalf("reading the scan answers: %v", err)
+		}
+		res, _ := msg[3].(map[string]any)
+		items, _ := res["items"].([]any)
+		if msg[2] != nil || len(items) != 4 {
+			t.Fatalf("scan answer: error %v, %d items", msg[2], len(items))
+		}
+	}
+	if err := <-sent; err != nil {
+		t.Fatalf("sending the scans: %v", err)
+	}
+	hwm := procStatus(t, pid, "VmHWM")
+	t.Logf("server RSS: peak %d MB while the answers were unread, high-water mark %d MB (bound %d MB)", peak/mib, hwm/mib, bound/mib)
+	if hwm > bound {
+		t.Fatalf("server high-water RSS %d MB; bound %d MB", hwm/mib, bound/mib)
+	}
+	s.stop(t)
 }
 
 // TestServeMemoryIdleAfterLargeMessages: connections that each sent one
