@@ -7,9 +7,11 @@ import (
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -128,7 +130,26 @@ func (s *Server) Serve(ln net.Listener) error {
 		delete(s.listeners, ln)
 		s.mu.Unlock()
 	}()
+	// spare is a descriptor kept open for one purpose: when the process
+	// runs out of descriptors, closing it lets Accept take the next
+	// connection, so that the client is told why instead of waiting
+	// unanswered in the listen queue.
+	spare := openSpare()
+	defer func() {
+		if spare != nil {
+			spare.Close()
+		}
+	}()
 	var backoff time.Duration
+	out := false // out of descriptors since the last accept that was served
+	refused := 0 // connections refused since then
+	served := func(nc net.Conn) {
+		if out {
+			s.log.Info("file descriptors available again", "refused_connections", refused)
+			out, refused = false, 0
+		}
+		s.accept(nc)
+	}
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -141,15 +162,67 @@ func (s *Server) Serve(ln net.Listener) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			// Out of file descriptors and the like: back off, keep serving.
+			if outOfDescriptors(err) {
+				if !out {
+					// Once per burst, not per connection.
+					s.log.Warn("out of file descriptors: refusing new connections with limit_exceeded until some close", "err", err)
+					out = true
+				}
+				if spare == nil {
+					spare = openSpare()
+				}
+				if spare != nil {
+					// Trade the spare for the waiting connection.
+					spare.Close()
+					nc, err = ln.Accept()
+					spare = openSpare()
+					switch {
+					case err != nil:
+						continue // handled above, next time round
+					case spare == nil:
+						// Still out: tell the client why, and take the
+						// descriptor back for the spare.
+						s.refuse(nc, "the server is out of file descriptors; try again later")
+						spare = openSpare()
+						refused++
+						continue
+					default:
+						// Descriptors came free meanwhile: serve it.
+						served(nc)
+						continue
+					}
+				}
+			}
+			// No spare to trade, or another failure: back off, keep serving.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+			if !out {
+				s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+			}
 			time.Sleep(backoff)
 			continue
 		}
 		backoff = 0
-		s.accept(nc)
+		if spare == nil {
+			spare = openSpare()
+		}
+		served(nc)
 	}
+}
+
+// openSpare opens the reserve descriptor; nil if the process is out of
+// them too.
+func openSpare() *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+// outOfDescriptors reports an accept that failed for want of a file
+// descriptor, in the process (EMFILE) or the system (ENFILE).
+func outOfDescriptors(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 func (s *Server) accept(nc net.Conn) {
@@ -171,8 +244,9 @@ func (s *Server) accept(nc net.Conn) {
 	go c.serve()
 }
 
-// refuse tells a connection over the limit why it is closed, with a
-// notification ["error", [{code, message}]], then closes it.
+// refuse tells a connection over a limit (of connections, or of file
+// descriptors) why it is closed, with a notification
+// ["error", [{code, message}]], then closes it.
 func (s *Server) refuse(nc net.Conn, msg string) {
 	e := newEncoder()
 	e.EncodeArrayLen(3)

@@ -5,7 +5,8 @@ package main
 // Resource limits of a real 'fencekv serve' process, measured from the
 // outside: its resident memory (/proc/PID/status) under clients that
 // pipeline large answers and never read them or that leave large messages
-// behind.
+// behind, and what a client is told when the process is out of file
+// descriptors.
 
 import (
 	"bufio"
@@ -14,8 +15,11 @@ import (
 	"fmt"
 	"net"
 	"os"
+	"os/exec"
+	"regexp"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -229,5 +233,140 @@ func TestServeMemoryIdleAfterLargeMessages(t *testing.T) {
 	if msg, err := idle[0].read(5 * time.Second); err != nil || msg[2] != nil {
 		t.Fatalf("ping after idling: %v, %v", msg, err)
 	}
+	s.stop(t)
+}
+
+// startLimitedServer runs 'fencekv serve' with at most nofile open file
+// descriptors (soft and hard), through prlimit or a shell's ulimit.
+func startLimitedServer(t *testing.T, nofile int) *server {
+	t.Helper()
+	dir := t.TempDir()
+	serve := []string{bin, "serve", "--data", dir, "--listen", "127.0.0.1:0"}
+	var argv []string
+	if p, err := exec.LookPath("prlimit"); err == nil {
+		argv = append([]string{p, fmt.Sprintf("--nofile=%d:%d", nofile, nofile)}, serve...)
+	} else {
+		argv = append([]string{"sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$@"`, nofile), "sh"}, serve...)
+	}
+	s := &server{dir: dir, log: &logBuffer{}, done: make(chan struct{})}
+	// Both prlimit and the shell exec the server: the PID is the server's.
+	s.cmd = exec.Command(argv[0], argv[1:]...)
+	s.cmd.Env = cleanEnv()
+	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
+	if err := s.cmd.Start(); err != nil {
+		t.Fatalf("start serve: %v", err)
+	}
+	go func() {
+		s.err = s.cmd.Wait()
+		close(s.done)
+	}()
+	t.Cleanup(func() { s.kill() })
+	waitFor(t, 10*time.Second, "the server's \"fencekv serving\" line", func() bool {
+		select {
+		case <-s.done:
+			t.Fatalf("serve exited before serving: %v\n%s", s.err, s.log)
+		default:
+		}
+		m := servingAddr.FindStringSubmatch(s.log.String())
+		if m == nil {
+			return false
+		}
+		s.addr = m[1]
+		return true
+	})
+	return s
+}
+
+// pingOutcome is what a new client got: its ping answered, or a refusal.
+func pingOutcome(t *testing.T, addr string) (r *rawConn, answered bool, refusal string) {
+	t.Helper()
+	r = dialRawConn(t, addr)
+	if _, err := r.nc.Write(encodeMsg(t, 0, 1, "ping", []any{})); err != nil {
+		// A refused connection may be closed before the ping is written.
+		if msg, rerr := r.read(5 * time.Second); rerr == nil && len(msg) == 3 {
+			return r, false, fmt.Sprint(msg[2])
+		}
+		t.Fatalf("sending a ping: %v", err)
+	}
+	msg, err := r.read(5 * time.Second)
+	if err != nil {
+		t.Fatalf("a new client got no answer within 5s: %v", err)
+	}
+	switch {
+	case len(msg) == 4 && msg[2] == nil:
+		return r, true, ""
+	case len(msg) == 3 && fmt.Sprint(msg[0]) == "2" && msg[1] == "error":
+		return r, false, fmt.Sprint(msg[2])
+	}
+	t.Fatalf("a new client got %v", msg)
+	return nil, false, ""
+}
+
+// TestServeFileDescriptorLimit: a server out of file descriptors still
+// answers each new client, with the limit_exceeded notification, instead of
+// leaving it unanswered in the accept queue; it logs once per burst; and it
+// serves new clients again once connections close. Before the fix the
+// client hung (the server logged "accept failed" and retried).
+func TestServeFileDescriptorLimit(t *testing.T) {
+	const nofile = 64
+	s := startLimitedServer(t, nofile)
+	if !regexp.MustCompile(`fd_limit=` + strconv.Itoa(nofile) + `\b`).MatchString(s.log.String()) {
+		t.Errorf("the log does not give the file descriptor limit %d:\n%s", nofile, s.log)
+	}
+	var held []*rawConn
+	var refusal string
+	for len(held) <= nofile {
+		r, answered, why := pingOutcome(t, s.addr)
+		if !answered {
+			refusal = why
+			break
+		}
+		held = append(held, r)
+	}
+	if refusal == "" {
+		t.Fatalf("%d connections served under a limit of %d descriptors", len(held), nofile)
+	}
+	if !strings.Contains(refusal, "limit_exceeded") {
+		t.Fatalf("refusal at the descriptor limit: %s; want limit_exceeded", refusal)
+	}
+	t.Logf("%d connections served, then: %s", len(held), refusal)
+	// More clients in the same burst: each is told, the log says it once.
+	for range 3 {
+		if _, answered, why := pingOutcome(t, s.addr); answered || !strings.Contains(why, "limit_exceeded") {
+			t.Fatalf("another client at the limit: answered %v, %s", answered, why)
+		}
+	}
+	if n := strings.Count(s.log.String(), "out of file descriptors"); n != 1 {
+		t.Errorf("%d log lines about running out of descriptors in one burst; want 1:\n%s", n, s.log)
+	}
+
+	// Close some: new clients are served again (the server notices the
+	// closes on its own time, so poll).
+	for _, r := range held[:5] {
+		r.nc.Close()
+	}
+	waitFor(t, 10*time.Second, "a new client to be served after closing connections", func() bool {
+		r, answered, _ := pingOutcome(t, s.addr)
+		r.nc.Close()
+		return answered
+	})
+	// The log says so, with the count: the 4 above, and any the polling
+	// met before the server saw the closes.
+	again := regexp.MustCompile(`msg="file descriptors available again" refused_connections=(\d+)`)
+	waitFor(t, 10*time.Second, "the log line about descriptors available again", func() bool {
+		m := again.FindStringSubmatch(s.log.String())
+		if m == nil {
+			return false
+		}
+		if n, _ := strconv.Atoi(m[1]); n < 4 {
+			t.Fatalf("log: %s; want at least 4 refused", m[0])
+		}
+		return true
+	})
+	var wg sync.WaitGroup
+	for _, r := range held[5:] {
+		wg.Go(func() { r.nc.Close() })
+	}
+	wg.Wait()
 	s.stop(t)
 }

@@ -74,6 +74,15 @@ Example:
 			wc.MaxInFlight = c.Int("max-in-flight")
 			wc.MaxPendingBytes = c.Int("max-pending-bytes")
 
+			// Each connection takes a file descriptor: allow as many as
+			// the system lets this process have. Past that, new clients
+			// are told limit_exceeded (wire/PROTOCOL.md §2.4).
+			if n, err := raiseFileLimit(); err != nil {
+				log.Warn("could not raise the file descriptor limit", "fd_limit", n, "err", err)
+			} else {
+				log.Info("file descriptor limit", "fd_limit", n, "max_conns", wc.MaxConns)
+			}
+
 			stopProfile, err := startCPUProfile(c.String("cpu-profile"))
 			if err != nil {
 				return err
