@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"fmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -64,6 +65,12 @@ type pipeServer struct {
 
 func newPipeServer(t *testing.T, edit func(*Config)) *pipeServer {
 	t.Helper()
+	return newPipeServerEngine(t, edit, func(db *fencekv.DB) Engine { return db })
+}
+
+// newPipeServerEngine is newPipeServer serving wrap(store).
+func newPipeServerEngine(t *testing.T, edit func(*Config), wrap func(*fencekv.DB) Engine) *pipeServer {
+	t.Helper()
 	o := fencekv.DefaultOptions()
 	o.NoSync = true
 	db, err := fencekv.Open(t.TempDir(), &o)
@@ -73,7 +80,7 @@ func newPipeServer(t *testing.T, edit func(*Config)) *pipeServer {
 	t.Cleanup(func() { db.Close() })
 	cfg := DefaultConfig()
 	edit(&cfg)
-	srv, err := NewServer(db, cfg)
+	srv, err := NewServer(wrap(db), cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -286,4 +293,65 @@ func TestBackpressureWriteTimeout(t *testing.T) {
 	if pending != 0 || queued != 0 {
 		t.Fatalf("%d bytes in %d answers still held after the connection was dropped", pending, queued)
 	}
+}
+
+// gatedEngine holds every Put until gate is closed.
+type gatedEngine struct {
+	*fencekv.DB
+	gate    chan struct{}
+	entered atomic.Int32
+}
+
+func (g *gatedEngine) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
+	g.entered.Add(1)
+	<-g.gate
+	return g.DB.Put(ctx, key, value, w)
+}
+
+// TestBackpressureWritesInFlight: writes in flight count their arguments
+// against the budget until they are applied, so a client that pipelines
+// large puts faster than they commit stops being read once they hold the
+// budget, instead of the server holding up to the in-flight limit (1024)
+// of their values.
+func TestBackpressureWritesInFlight(t *testing.T) {
+	const budget = 256 << 10
+	g := &gatedEngine{gate: make(chan struct{})}
+	ps := newPipeServerEngine(t, func(c *Config) { c.MaxPendingBytes = budget }, func(db *fencekv.DB) Engine {
+		g.DB = db
+		return g
+	})
+	var once sync.Once
+	open := func() { once.Do(func() { close(g.gate) }) }
+	t.Cleanup(open)
+	pc, c := ps.dial(t)
+	// 20 puts of 100 KiB in one write, so that each has bytes behind it
+	// when read: all are served concurrently, none by the read loop.
+	value := bytes.Repeat([]byte("v"), 100<<10)
+	var all []byte
+	for i := range 20 {
+		all = append(all, marshalT(t, []any{0, i, "put", []any{map[string]any{"key": fmt.Sprint("p/", i), "value": value}}})...)
+	}
+	pc.reqs <- all
+	waitUntil(t, "three puts to reach the engine", func() bool { return g.entered.Load() >= 3 })
+	waitUntil(t, "the read loop to wait for room", func() bool {
+		_, _, _, waiting := c.state()
+		return waiting
+	})
+	pending, _, _, _ := c.state()
+	if n := g.entered.Load(); n != 3 || pending <= budget || pending > budget+int64(len(value))+1<<10 {
+		t.Fatalf("%d puts of %d bytes in the engine, %d bytes pending; want 3, just over the budget of %d", n, len(value), pending, budget)
+	}
+	open()
+	for range 20 {
+		if msg := pc.read(); msg[2] != nil {
+			t.Fatalf("put answered %v", msg)
+		}
+	}
+	if n := g.entered.Load(); n != 20 {
+		t.Fatalf("%d puts applied; want 20", n)
+	}
+	waitUntil(t, "nothing pending", func() bool {
+		pending, queued, flushing, _ := c.state()
+		return pending == 0 && queued == 0 && !flushing
+	})
 }

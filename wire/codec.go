@@ -27,7 +27,8 @@ type message struct {
 	msgid  uint32
 	method string
 	params []byte
-	slot   bool // it holds one of its connection's in-flight slots
+	slot   bool  // it holds one of its connection's in-flight slots
+	held   int64 // what its arguments count against the connection's budget
 }
 
 // errNoID is returned by parseMessage when the message is so malformed
@@ -137,6 +138,11 @@ type args struct {
 	ttlMs, waitMs, delayMs    int64
 	strict                    bool
 	has                       field
+}
+
+// size is the memory the arguments hold: their bytes, plus the struct.
+func (a *args) size() int64 {
+	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)) + entryOverhead
 }
 
 // parseArgs decodes the params map. Unknown fields are ignored, so newer

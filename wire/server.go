@@ -50,11 +50,13 @@ type Config struct {
 	// MaxInFlight is the most requests one connection may have pending
 	// (including blocked acquires); more are refused with limit_exceeded.
 	MaxInFlight int
-	// MaxPendingBytes is a connection's budget of answers waiting to be
-	// written, in bytes. While its unsent answers are over it, the server
-	// reads no more requests from the connection (backpressure) until the
-	// client has read enough of them. One answer larger than the budget is
-	// still sent: the budget only stops the reading.
+	// MaxPendingBytes is a connection's budget, in bytes, of answers
+	// waiting to be written and of the arguments of its writes in flight
+	// (a put holds its value until it is applied). While these are over
+	// it, the server reads no more requests from the connection
+	// (backpressure) until the client has read enough answers or the
+	// writes are applied. One answer larger than the budget is still sent:
+	// the budget only stops the reading.
 	MaxPendingBytes int
 	// WriteTimeout drops a connection whose peer does not read its
 	// responses for this long.
@@ -326,9 +328,11 @@ func (s *Server) forget(c *conn) {
 // has an answer when nobody is writing. Answers that are ready while it
 // writes are queued for it, so no goroutine waits on a slow client, and a
 // burst of answers leaves in one write. The memory held by the queued
-// answers and the ones being written is counted in pending; while that is
-// over the budget (Config.MaxPendingBytes) the read loop reads no further
-// request.
+// answers and the ones being written, and by the arguments of the requests
+// in flight (but acquires), is counted in pending; while that is over the
+// budget (Config.MaxPendingBytes) the read loop reads no further request.
+// pending only falls under wmu, and wake is called then, so the read loop,
+// which checks it under wmu before it waits, misses no wake-up.
 type conn struct {
 	s  *Server
 	nc net.Conn
@@ -354,7 +358,7 @@ type conn struct {
 	stopping bool         // the read loop was told to stop (shutdown)
 	waiting  bool         // the read loop waits on room
 	room     sync.Cond    // wakes the read loop: room in the budget, or it must stop
-	pending  atomic.Int64 // cost of the answers queued or being written; changed under wmu
+	pending  atomic.Int64 // cost of the answers queued or being written and of the requests in flight
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -468,6 +472,15 @@ func (c *conn) readLoop() {
 			continue
 		}
 		m.params = nil // parsed into a; the frame buffer is reused
+		// A request in flight holds its arguments (a put's value) until
+		// it is applied: they count against the budget like unsent
+		// answers, until its answer replaces them. Not an acquire's,
+		// which are small and may wait for a release that this
+		// connection has yet to send.
+		if m.method != "acquire" {
+			m.held = a.size()
+			c.pending.Add(m.held)
+		}
 		c.handlers.Add(1)
 		go c.handle(m, &a)
 	}
@@ -551,13 +564,23 @@ func (c *conn) finish(m message, e *encoder, err *fencekv.Error) {
 // Every path through handle ends here exactly once.
 func (c *conn) send(m message, e *encoder) {
 	if m.typ != typeRequest {
+		putEncoder(e)
+		if m.held == 0 {
+			if m.slot {
+				<-c.slots
+			}
+			return
+		}
+		c.wmu.Lock()
 		if m.slot {
 			<-c.slots
 		}
-		putEncoder(e)
+		c.pending.Add(-m.held)
+		c.wake()
+		c.wmu.Unlock()
 		return
 	}
-	c.write(e, m.slot)
+	c.write(e, m.slot, m.held)
 }
 
 // reply sends an error response from the read loop (which holds no slot).
@@ -566,7 +589,7 @@ func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 	e.response(msgid)
 	e.errorMap(err)
 	e.EncodeNil()
-	c.write(e, false)
+	c.write(e, false, 0)
 }
 
 // write sends an answer: it queues it if a flusher is at work, or becomes
@@ -575,25 +598,34 @@ func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 // handler never waits for a slow client here unless it is the flusher, so
 // handlers do not pile up behind one; what piles up is the queue, which
 // the budget bounds.
-func (c *conn) write(e *encoder, slot bool) {
+func (c *conn) write(e *encoder, slot bool, held int64) {
 	c.wmu.Lock()
 	if slot {
 		<-c.slots
 	}
 	if c.broken {
+		c.pending.Add(-held)
+		c.wake()
 		c.wmu.Unlock()
 		putEncoder(e)
 		return
 	}
-	c.pending.Add(cost(e))
+	// The answer takes the place of the request's arguments.
+	c.pending.Add(cost(e) - held)
 	if c.flushing {
 		c.queue = append(c.queue, e)
+		if held > 0 {
+			c.wake()
+		}
 		c.wmu.Unlock()
 		return
 	}
 	c.flushing = true
 	batch := append(c.batch[:0], e)
 	c.batch = nil
+	if held > 0 {
+		c.wake()
+	}
 	c.wmu.Unlock()
 	c.flush(batch)
 }
@@ -653,9 +685,10 @@ func (c *conn) flush(batch []*encoder) {
 	}
 }
 
-// answerOverhead is what a queued answer costs besides its bytes: the
-// encoder holding it, and its places in the queue and the write vector.
-const answerOverhead = 256
+// entryOverhead is what a queued answer costs besides its bytes (the
+// encoder holding it, its places in the queue and the write vector), and
+// what a request in flight costs besides its arguments' bytes.
+const entryOverhead = 256
 
 // keepQueue is the most queue entries a connection keeps room for between
 // bursts.
@@ -663,7 +696,7 @@ const keepQueue = 1024
 
 // cost is what an answer counts against the connection's budget while it
 // waits to be written: the memory it holds.
-func cost(e *encoder) int64 { return int64(e.buf.Cap() + answerOverhead) }
+func cost(e *encoder) int64 { return int64(e.buf.Cap() + entryOverhead) }
 
 // fail tears the connection down after a failed write: the peer is gone or
 // does not read. The queued answers are dropped, and the read loop stops
