@@ -451,10 +451,10 @@ func (c *conn) readLoop() {
 		// its writes served concurrently, so they share commits). Never
 		// an acquire that may wait for the lock. Reads, whose answers
 		// can be large (a scan page, a value), are always served here,
-		// notifications too: so one at a time per connection, each after
-		// waitRoom, and a client that does not read its answers holds at
-		// most the budget and one such answer, plus the small answers of
-		// the writes in flight.
+		// as requests or notifications: so one at a time per connection,
+		// each after waitRoom, and a client that does not read its
+		// answers holds at most the budget and one such answer, plus the
+		// small answers of the requests in flight.
 		if readOnly[m.method] || m.typ == typeRequest &&
 			fr.idle() && !(m.method == "acquire" && a.waitMs > 0) {
 			c.handlers.Add(1)
