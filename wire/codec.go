@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"time"
+	"unicode/utf8"
 
 	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
@@ -26,18 +27,21 @@ type message struct {
 	msgid  uint32
 	method string
 	params []byte
-	slot   bool // it holds one of its connection's in-flight slots
+	slot   bool  // it holds one of its connection's in-flight slots
+	held   int64 // what its arguments count against the connection's budget
 }
 
 // errNoID is returned by parseMessage when the message is so malformed
 // that no msgid could be read: the connection cannot be answered.
 var errNoID = errors.New("malformed message: no msgid")
 
-// parseMessage parses a frame. A non-nil error with hasID set can be
-// answered with an error response to m.msgid; without it, the connection
-// should be closed.
+// parseMessage parses a frame: one whole msgpack object, as frameReader
+// returns. A non-nil error with hasID set can be answered with an error
+// response to m.msgid; without it, the connection should be closed.
+// m.params is a slice of frame, not a copy.
 func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, err error) {
-	dec.Reset(bytes.NewReader(frame))
+	r := bytes.NewReader(frame)
+	dec.Reset(r)
 	n, err := dec.DecodeArrayLen()
 	if err != nil || (n != 4 && n != 3) {
 		return m, false, fmt.Errorf("%w: want an array of 3 or 4, got %d (%v)", errNoID, n, err)
@@ -70,11 +74,13 @@ func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, er
 	case -1, 0:
 		return m, hasID, nil
 	case 1:
-		raw, err := dec.DecodeRaw()
-		if err != nil {
-			return m, hasID, badRequest("params: %v", err)
+		// params is the message's last element, so its one element is
+		// the rest of the frame: no need to decode (and copy) it here.
+		raw := frame[len(frame)-r.Len():]
+		if len(raw) == 0 {
+			return m, hasID, badRequest("params: missing element")
 		}
-		if len(raw) > 0 && raw[0] != msgpcode.Nil {
+		if raw[0] != msgpcode.Nil {
 			m.params = raw
 		}
 		return m, hasID, nil
@@ -134,6 +140,11 @@ type args struct {
 	strict                    bool
 	consistency               string
 	has                       field
+}
+
+// size is the memory the arguments hold: their bytes, plus the struct.
+func (a *args) size() int64 {
+	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)) + entryOverhead
 }
 
 // parseArgs decodes the params map. Unknown fields are ignored, so newer
@@ -334,12 +345,24 @@ func (e *encoder) response(msgid uint32) {
 	e.EncodeUint(uint64(msgid))
 }
 
+// maxErrorMessage is the longest error message sent; a longer one (it may
+// quote a lock name or method name of any length) is cut, so that every
+// answer but a read's is small.
+const maxErrorMessage = 1 << 10
+
 // errorMap writes a refusal as {"code", "message", facts...}; each code
 // carries the facts listed in PROTOCOL.md.
 func (e *encoder) errorMap(err *fencekv.Error) {
 	msg := err.Message
 	if msg == "" {
 		msg = string(err.Code)
+	}
+	if len(msg) > maxErrorMessage {
+		cut := maxErrorMessage - len("...")
+		for cut > 0 && !utf8.RuneStart(msg[cut]) {
+			cut--
+		}
+		msg = msg[:cut] + "..."
 	}
 	n := 2
 	switch err.Code {

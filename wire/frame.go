@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"slices"
 
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
@@ -26,6 +25,16 @@ var errFrameDepth = errors.New("message nests too deep")
 
 const maxDepth = 32
 
+// frameChunk is how much of a str, bin or ext body is read at a time: the
+// frame buffer grows with the bytes that have arrived, never ahead of them,
+// so a header announcing a large body costs nothing until it is sent.
+const frameChunk = 64 << 10
+
+// frameKeep is the largest frame buffer kept between messages; a bigger
+// one (left by a large message) is dropped when the next message starts,
+// so an idle connection holds no more than this.
+const frameKeep = 64 << 10
+
 type frameReader struct {
 	r   *bufio.Reader
 	max int
@@ -42,6 +51,9 @@ func (f *frameReader) idle() bool { return f.r.Buffered() == 0 }
 // next reads one msgpack object. The returned slice is valid until the next
 // call. io.EOF means the stream ended cleanly between messages.
 func (f *frameReader) next() ([]byte, error) {
+	if cap(f.buf) > frameKeep {
+		f.buf = nil
+	}
 	f.buf = f.buf[:0]
 	// stack[i] counts the objects still to read at depth i.
 	var stack [maxDepth + 1]int
@@ -169,18 +181,36 @@ func (f *frameReader) length(w int) (int, error) {
 }
 
 // body reads n bytes of a str, bin or ext, refusing before it reads past
-// the limit.
+// the limit. It reads frameChunk bytes at a time and grows the buffer only
+// for what it is about to read.
 func (f *frameReader) body(n int) error {
 	if len(f.buf)+n > f.max {
 		return errFrameTooLarge
 	}
-	start := len(f.buf)
-	f.buf = slices.Grow(f.buf, n)[:start+n]
-	if _, err := io.ReadFull(f.r, f.buf[start:]); err != nil {
-		f.buf = f.buf[:start]
-		return unexpected(err)
+	for n > 0 {
+		k := min(n, frameChunk)
+		start := len(f.buf)
+		f.grow(k)
+		f.buf = f.buf[:start+k]
+		if _, err := io.ReadFull(f.r, f.buf[start:]); err != nil {
+			f.buf = f.buf[:start]
+			return unexpected(err)
+		}
+		n -= k
 	}
 	return nil
+}
+
+// grow makes room for k more bytes, doubling the buffer but never past the
+// message limit.
+func (f *frameReader) grow(k int) {
+	need := len(f.buf) + k
+	if need <= cap(f.buf) {
+		return
+	}
+	buf := make([]byte, len(f.buf), min(max(need, 2*cap(f.buf)), f.max))
+	copy(buf, f.buf)
+	f.buf = buf
 }
 
 func (f *frameReader) keep(b []byte) error {

@@ -255,3 +255,49 @@ func TestParseMessage(t *testing.T) {
 		}
 	}
 }
+
+// TestFrameReaderGrowsAsBytesArrive: a header announcing a body of almost
+// 4 MiB followed by a few bytes makes the buffer grow by what arrived (one
+// read chunk), not by what was announced; a whole large message is read
+// with a buffer no larger than the limit; and the buffer a large message
+// needed is not kept for the next one.
+func TestFrameReaderGrowsAsBytesArrive(t *testing.T) {
+	const limit = 4 << 20
+	big := marshalT(t, []any{0, 1, "ping", []any{map[string]any{"pad": bytes.Repeat([]byte("p"), limit-64)}}})
+	if len(big) > limit {
+		t.Fatalf("test message of %d bytes is over the limit", len(big))
+	}
+	// The header and 100 bytes of the pad, then the stream ends.
+	at := bytes.Index(big, []byte("ppp"))
+	f := newFrameReader(bytes.NewReader(big[:at+100]), limit)
+	if _, err := f.next(); err != io.ErrUnexpectedEOF {
+		t.Fatalf("truncated message: %v; want io.ErrUnexpectedEOF", err)
+	}
+	if c := cap(f.buf); c > frameChunk+1<<10 {
+		t.Fatalf("%d bytes arrived of a message announcing %d: the buffer grew to %d", at+100, len(big), c)
+	}
+
+	small := marshalT(t, []any{0, 2, "ping", []any{}})
+	f = newFrameReader(bytes.NewReader(append(bytes.Clone(big), small...)), limit)
+	p, err := f.next()
+	if err != nil || !bytes.Equal(p, big) {
+		t.Fatalf("the large message: %d bytes, %v; want it whole", len(p), err)
+	}
+	if c := cap(f.buf); c > limit {
+		t.Fatalf("reading a message of %d bytes grew the buffer to %d, past the limit %d", len(big), c, limit)
+	}
+	p, err = f.next()
+	if err != nil || !bytes.Equal(p, small) {
+		t.Fatalf("the message after it: % x, %v", p, err)
+	}
+	if c := cap(f.buf); c > frameKeep {
+		t.Fatalf("after a message of %d bytes the buffer keeps %d bytes; want at most %d", len(big), c, frameKeep)
+	}
+	// A small message keeps its buffer: no allocation per message.
+	stream := bytes.Repeat(small, 1000)
+	f = newFrameReader(bytes.NewReader(stream), limit)
+	f.next()
+	if n := testing.AllocsPerRun(100, func() { f.next() }); n != 0 {
+		t.Fatalf("%v allocations per small message; want 0", n)
+	}
+}

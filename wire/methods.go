@@ -12,8 +12,10 @@ import (
 type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
 
 // readOnly are the methods the read loop serves itself: they never wait for
-// a commit or a lock.
-var readOnly = map[string]bool{"ping": true, "get": true, "lock_info": true, "status": true}
+// a commit or a lock, and the answers that can be large are among them
+// (scan pages, lock lists, values), so that one connection builds them one
+// at a time, each within its budget of unsent answers.
+var readOnly = map[string]bool{"ping": true, "get": true, "scan": true, "lock_info": true, "locks": true, "status": true}
 
 // methods is the protocol: one entry per method of PROTOCOL.md.
 var methods = map[string]method{

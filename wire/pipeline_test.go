@@ -1,6 +1,7 @@
 package wire_test
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"sync"
@@ -212,10 +213,10 @@ func TestPipelineClientConcurrent(t *testing.T) {
 
 // TestPipelineInFlightLimitRaw pipelines past the in-flight limit: the
 // requests over it are refused with limit_exceeded at once, the others
-// answered, and the connection stays usable. Reads (ping, get, lock_info,
-// status), and writes that arrive with nothing behind them, are served by the
-// read loop itself and take no slot; an acquire that may wait always takes
-// one.
+// answered, and the connection stays usable. Reads (ping, get, scan,
+// lock_info, locks, status), and writes that arrive with nothing behind them,
+// are served by the read loop itself and take no slot; an acquire that may
+// wait always takes one.
 func TestPipelineInFlightLimitRaw(t *testing.T) {
 	ts := startServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2 })
 	ctx := context.Background()
@@ -269,5 +270,46 @@ func TestPipelineInFlightLimitRaw(t *testing.T) {
 	}
 	if e, _ := ts.DB.Get(ctx, b("dropped")); e.Found {
 		t.Fatalf("a notification over the in-flight limit was applied")
+	}
+}
+
+// TestAnswersLargerThanBudget: with a budget of unsent answers far below
+// the size of one answer, every answer is still sent (one is admitted
+// whenever nothing else is pending), pipelined or not.
+func TestAnswersLargerThanBudget(t *testing.T) {
+	ts := startServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxPendingBytes = 1 << 10 })
+	ctx := context.Background()
+	big := bytes.Repeat([]byte("v"), 500<<10) // four make a scan page of about 2 MB
+	for i := range 4 {
+		_, err := ts.DB.Put(ctx, fmt.Appendf(nil, "big/%d", i), big, fencekv.WriteOptions{})
+		ok(t, err)
+	}
+	c := dial(t, ts.Addr)
+	e, err := c.Get(ctx, b("big/0"))
+	ok(t, err)
+	if !bytes.Equal(e.Value, big) {
+		t.Fatalf("get of a value over the budget: %d bytes", len(e.Value))
+	}
+	raw := dialRaw(t, ts.Addr)
+	const n = 20
+	var msgs []any
+	for i := range n {
+		if i%2 == 0 {
+			msgs = append(msgs, []any{0, i, "get", []any{map[string]any{"key": "big/1"}}})
+		} else {
+			msgs = append(msgs, []any{0, i, "scan", []any{map[string]any{"prefix": "big/"}}})
+		}
+	}
+	raw.send(msgs...)
+	for range n {
+		p := raw.reply()
+		if p.err != nil {
+			t.Fatalf("request %d: %v", p.id, p.err)
+		}
+		if p.id%2 == 1 {
+			if items, _ := p.res["items"].([]any); len(items) != 4 {
+				t.Fatalf("scan %d: %d items", p.id, len(items))
+			}
+		}
 	}
 }

@@ -1,16 +1,17 @@
 package wire
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -49,6 +50,14 @@ type Config struct {
 	// MaxInFlight is the most requests one connection may have pending
 	// (including blocked acquires); more are refused with limit_exceeded.
 	MaxInFlight int
+	// MaxPendingBytes is a connection's budget, in bytes, of answers
+	// waiting to be written and of the arguments of its writes in flight
+	// (a put holds its value until it is applied). While these are over
+	// it, the server reads no more requests from the connection
+	// (backpressure) until the client has read enough answers or the
+	// writes are applied. One answer larger than the budget is still sent:
+	// the budget only stops the reading.
+	MaxPendingBytes int
 	// WriteTimeout drops a connection whose peer does not read its
 	// responses for this long.
 	WriteTimeout time.Duration
@@ -59,10 +68,11 @@ type Config struct {
 // DefaultConfig returns the documented default limits.
 func DefaultConfig() Config {
 	return Config{
-		MaxMessageSize: 4 << 20,
-		MaxConns:       10_000,
-		MaxInFlight:    1024,
-		WriteTimeout:   30 * time.Second,
+		MaxMessageSize:  4 << 20,
+		MaxConns:        10_000,
+		MaxInFlight:     1024,
+		MaxPendingBytes: 4 << 20,
+		WriteTimeout:    30 * time.Second,
 	}
 }
 
@@ -89,7 +99,7 @@ type Server struct {
 
 // NewServer returns a server for eng.
 func NewServer(eng Engine, cfg Config) (*Server, error) {
-	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.WriteTimeout <= 0 {
+	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.MaxPendingBytes <= 0 || cfg.WriteTimeout <= 0 {
 		return nil, errors.New("wire: limits must be positive")
 	}
 	s := &Server{
@@ -122,7 +132,26 @@ func (s *Server) Serve(ln net.Listener) error {
 		delete(s.listeners, ln)
 		s.mu.Unlock()
 	}()
+	// spare is a descriptor kept open for one purpose: when the process
+	// runs out of descriptors, closing it lets Accept take the next
+	// connection, so that the client is told why instead of waiting
+	// unanswered in the listen queue.
+	spare := openSpare()
+	defer func() {
+		if spare != nil {
+			spare.Close()
+		}
+	}()
 	var backoff time.Duration
+	out := false // out of descriptors since the last accept that was served
+	refused := 0 // connections refused since then
+	served := func(nc net.Conn) {
+		if out {
+			s.log.Info("file descriptors available again", "refused_connections", refused)
+			out, refused = false, 0
+		}
+		s.accept(nc)
+	}
 	for {
 		nc, err := ln.Accept()
 		if err != nil {
@@ -135,15 +164,67 @@ func (s *Server) Serve(ln net.Listener) error {
 			if errors.Is(err, net.ErrClosed) {
 				return err
 			}
-			// Out of file descriptors and the like: back off, keep serving.
+			if outOfDescriptors(err) {
+				if !out {
+					// Once per burst, not per connection.
+					s.log.Warn("out of file descriptors: refusing new connections with limit_exceeded until some close", "err", err)
+					out = true
+				}
+				if spare == nil {
+					spare = openSpare()
+				}
+				if spare != nil {
+					// Trade the spare for the waiting connection.
+					spare.Close()
+					nc, err = ln.Accept()
+					spare = openSpare()
+					switch {
+					case err != nil:
+						continue // handled above, next time round
+					case spare == nil:
+						// Still out: tell the client why, and take the
+						// descriptor back for the spare.
+						s.refuse(nc, "the server is out of file descriptors; try again later")
+						spare = openSpare()
+						refused++
+						continue
+					default:
+						// Descriptors came free meanwhile: serve it.
+						served(nc)
+						continue
+					}
+				}
+			}
+			// No spare to trade, or another failure: back off, keep serving.
 			backoff = min(max(2*backoff, 5*time.Millisecond), time.Second)
-			s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+			if !out {
+				s.log.Warn("accept failed; retrying", "err", err, "in", backoff)
+			}
 			time.Sleep(backoff)
 			continue
 		}
 		backoff = 0
-		s.accept(nc)
+		if spare == nil {
+			spare = openSpare()
+		}
+		served(nc)
 	}
+}
+
+// openSpare opens the reserve descriptor; nil if the process is out of
+// them too.
+func openSpare() *os.File {
+	f, err := os.Open(os.DevNull)
+	if err != nil {
+		return nil
+	}
+	return f
+}
+
+// outOfDescriptors reports an accept that failed for want of a file
+// descriptor, in the process (EMFILE) or the system (ENFILE).
+func outOfDescriptors(err error) bool {
+	return errors.Is(err, syscall.EMFILE) || errors.Is(err, syscall.ENFILE)
 }
 
 func (s *Server) accept(nc net.Conn) {
@@ -165,8 +246,9 @@ func (s *Server) accept(nc net.Conn) {
 	go c.serve()
 }
 
-// refuse tells a connection over the limit why it is closed, with a
-// notification ["error", [{code, message}]], then closes it.
+// refuse tells a connection over a limit (of connections, or of file
+// descriptors) why it is closed, with a notification
+// ["error", [{code, message}]], then closes it.
 func (s *Server) refuse(nc net.Conn, msg string) {
 	e := newEncoder()
 	e.EncodeArrayLen(3)
@@ -239,10 +321,18 @@ func (s *Server) forget(c *conn) {
 	s.connWG.Done()
 }
 
-// conn is one client connection: a read loop that parses frames and starts
-// a handler goroutine per request. Each handler writes its own response,
-// under wmu; the last of the writers queued at a moment flushes, so a burst
-// of responses leaves in one write.
+// conn is one client connection: a read loop that parses frames, serves
+// reads itself and starts a handler goroutine per other request.
+//
+// Answers are written by one goroutine at a time, the flusher: whichever
+// has an answer when nobody is writing. Answers that are ready while it
+// writes are queued for it, so no goroutine waits on a slow client, and a
+// burst of answers leaves in one write. The memory held by the queued
+// answers and the ones being written, and by the arguments of the requests
+// in flight (but acquires), is counted in pending; while that is over the
+// budget (Config.MaxPendingBytes) the read loop reads no further request.
+// pending only falls under wmu, and wake is called then, so the read loop,
+// which checks it under wmu before it waits, misses no wake-up.
 type conn struct {
 	s  *Server
 	nc net.Conn
@@ -256,10 +346,19 @@ type conn struct {
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
 
-	writers atomic.Int32 // handlers waiting for or holding wmu
-	wmu     sync.Mutex   // guards bw, broken
-	bw      *bufio.Writer
-	broken  bool // a write failed: the connection is being torn down
+	// The flusher alone uses vec and out, outside wmu.
+	vec [][]byte    // its write vector, reused
+	out net.Buffers // vec as WriteTo consumes it
+
+	wmu      sync.Mutex   // guards the fields below
+	queue    []*encoder   // answers waiting for the flusher
+	batch    []*encoder   // the flusher's spare batch slice, reused
+	flushing bool         // a flusher is at work and will drain queue
+	broken   bool         // a write failed: the connection is being torn down
+	stopping bool         // the read loop was told to stop (shutdown)
+	waiting  bool         // the read loop waits on room
+	room     sync.Cond    // wakes the read loop: room in the budget, or it must stop
+	pending  atomic.Int64 // cost of the answers queued or being written and of the requests in flight
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -267,16 +366,33 @@ func newConn(s *Server, nc net.Conn) *conn {
 		s:     s,
 		nc:    nc,
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
-		bw:    bufio.NewWriterSize(nc, 64<<10),
 	}
+	c.room.L = &c.wmu
 	c.waits, c.cancel = context.WithCancel(s.base)
 	return c
 }
 
-// stopReading makes the read loop end at its next read. Called with s.mu held.
-func (c *conn) stopReading() { c.nc.SetReadDeadline(time.Now()) }
+// stopReading makes the read loop end at its next read, or now if it waits
+// for room. Called with s.mu held.
+func (c *conn) stopReading() {
+	c.nc.SetReadDeadline(time.Now())
+	c.wmu.Lock()
+	c.stopping = true
+	c.room.Signal()
+	c.wmu.Unlock()
+}
 
 var encoderPool = sync.Pool{New: func() any { return newEncoder() }}
+
+// maxPooledEncoder is the largest encoder buffer kept for reuse: a large
+// answer's buffer goes back to the garbage collector.
+const maxPooledEncoder = 64 << 10
+
+func putEncoder(e *encoder) {
+	if e.buf.Cap() <= maxPooledEncoder {
+		encoderPool.Put(e)
+	}
+}
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
@@ -294,12 +410,23 @@ func (c *conn) serve() {
 func (c *conn) readLoop() {
 	fr := newFrameReader(c.nc, c.s.cfg.MaxMessageSize)
 	dec := msgpack.NewDecoder(nil)
+	last := 0 // the size of the previous message
 	for {
+		if !c.waitRoom() {
+			return
+		}
+		if last > frameKeep {
+			// The decoder keeps a buffer as large as the longest string
+			// it decoded or skipped: do not keep one sized by a large
+			// message.
+			dec = msgpack.NewDecoder(nil)
+		}
 		frame, err := fr.next()
 		if err != nil {
 			c.frameError(dec, frame, err)
 			return
 		}
+		last = len(frame)
 		m, hasID, err := parseMessage(dec, frame)
 		if err != nil {
 			if !hasID {
@@ -318,13 +445,18 @@ func (c *conn) readLoop() {
 			continue
 		}
 		// Serve a request here, without a goroutine or an in-flight slot,
-		// when that holds up nothing: reads (microseconds), and writes
-		// when the client has sent nothing more yet (a client waiting for
-		// this answer; a pipelining client gets its writes served
-		// concurrently, so they share commits). Never an acquire that may
-		// wait for the lock.
-		if m.typ == typeRequest && (readOnly[m.method] ||
-			fr.idle() && !(m.method == "acquire" && a.waitMs > 0)) {
+		// when that holds up nothing: reads (microseconds to a
+		// millisecond), and writes when the client has sent nothing more
+		// yet (a client waiting for this answer; a pipelining client gets
+		// its writes served concurrently, so they share commits). Never
+		// an acquire that may wait for the lock. Reads, whose answers
+		// can be large (a scan page, a value), are always served here,
+		// as requests or notifications: so one at a time per connection,
+		// each after waitRoom, and a client that does not read its
+		// answers holds at most the budget and one such answer, plus the
+		// small answers of the requests in flight.
+		if readOnly[m.method] || m.typ == typeRequest &&
+			fr.idle() && !(m.method == "acquire" && a.waitMs > 0) {
 			c.handlers.Add(1)
 			c.handle(m, &a)
 			continue
@@ -340,6 +472,15 @@ func (c *conn) readLoop() {
 			continue
 		}
 		m.params = nil // parsed into a; the frame buffer is reused
+		// A request in flight holds its arguments (a put's value) until
+		// it is applied: they count against the budget like unsent
+		// answers, until its answer replaces them. Not an acquire's,
+		// which are small and may wait for a release that this
+		// connection has yet to send.
+		if m.method != "acquire" {
+			m.held = a.size()
+			c.pending.Add(m.held)
+		}
 		c.handlers.Add(1)
 		go c.handle(m, &a)
 	}
@@ -385,7 +526,7 @@ func (c *conn) handle(m message, a *args) {
 	e.response(m.msgid)
 	call, ok := methods[m.method]
 	if !ok {
-		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %q", m.method)})
+		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %.64q", m.method)})
 		return
 	}
 	// The result is written after the nil error slot; on a refusal the
@@ -423,13 +564,23 @@ func (c *conn) finish(m message, e *encoder, err *fencekv.Error) {
 // Every path through handle ends here exactly once.
 func (c *conn) send(m message, e *encoder) {
 	if m.typ != typeRequest {
+		putEncoder(e)
+		if m.held == 0 {
+			if m.slot {
+				<-c.slots
+			}
+			return
+		}
+		c.wmu.Lock()
 		if m.slot {
 			<-c.slots
 		}
-		encoderPool.Put(e)
+		c.pending.Add(-m.held)
+		c.wake()
+		c.wmu.Unlock()
 		return
 	}
-	c.write(e, m.slot)
+	c.write(e, m.slot, m.held)
 }
 
 // reply sends an error response from the read loop (which holds no slot).
@@ -438,39 +589,152 @@ func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 	e.response(msgid)
 	e.errorMap(err)
 	e.EncodeNil()
-	c.write(e, false)
+	c.write(e, false, 0)
 }
 
-// write buffers a response and flushes if no other writer is queued behind
-// it. The slot is freed under wmu, before the flush: a client that sends
-// its next request as soon as it has an answer must find the slot free,
-// and handlers blocked on a slow reader still hold their slots, so at most
-// MaxInFlight of them pile up.
-func (c *conn) write(e *encoder, slot bool) {
-	c.writers.Add(1)
+// write sends an answer: it queues it if a flusher is at work, or becomes
+// the flusher. The slot is freed first, under wmu: a client that sends its
+// next request as soon as it has an answer must find the slot free. A
+// handler never waits for a slow client here unless it is the flusher, so
+// handlers do not pile up behind one; what piles up is the queue, which
+// the budget bounds.
+func (c *conn) write(e *encoder, slot bool, held int64) {
 	c.wmu.Lock()
 	if slot {
 		<-c.slots
 	}
-	last := c.writers.Add(-1) == 0
-	if !c.broken {
-		if last || c.bw.Available() < e.buf.Len() {
-			// Only a flush reaches the socket: arm the deadline for it.
-			c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+	if c.broken {
+		c.pending.Add(-held)
+		c.wake()
+		c.wmu.Unlock()
+		putEncoder(e)
+		return
+	}
+	// The answer takes the place of the request's arguments.
+	c.pending.Add(cost(e) - held)
+	if c.flushing {
+		c.queue = append(c.queue, e)
+		if held > 0 {
+			c.wake()
 		}
-		_, err := c.bw.Write(e.buf.Bytes())
-		if err == nil && last {
-			err = c.bw.Flush()
-		}
-		if err != nil {
-			// The peer is gone or not reading: stop the read loop too.
-			c.broken = true
-			c.nc.Close()
-			c.cancel()
-		}
+		c.wmu.Unlock()
+		return
+	}
+	c.flushing = true
+	batch := append(c.batch[:0], e)
+	c.batch = nil
+	if held > 0 {
+		c.wake()
 	}
 	c.wmu.Unlock()
-	if e.buf.Cap() <= 64<<10 {
-		encoderPool.Put(e)
+	c.flush(batch)
+}
+
+// flush writes batch, then whatever was queued meanwhile, until the queue
+// is empty; then it gives up the flusher's role. Only the flusher touches
+// vec and out. Each write to the socket gets the write timeout: a client that
+// reads nothing for that long fails it, and the connection is torn down.
+func (c *conn) flush(batch []*encoder) {
+	for {
+		var n int64
+		for _, e := range batch {
+			n += cost(e)
+		}
+		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
+		var err error
+		if len(batch) == 1 {
+			_, err = c.nc.Write(batch[0].buf.Bytes())
+		} else {
+			vec := c.vec[:0]
+			for _, e := range batch {
+				vec = append(vec, e.buf.Bytes())
+			}
+			c.vec, c.out = vec, vec
+			_, err = c.out.WriteTo(c.nc) // one writev for the whole batch
+			clear(vec)
+		}
+		for i, e := range batch {
+			putEncoder(e)
+			batch[i] = nil
+		}
+		c.wmu.Lock()
+		c.pending.Add(-n)
+		if err != nil {
+			c.fail()
+		}
+		if c.broken || len(c.queue) == 0 {
+			c.flushing = false
+			// Keep the slices a usual burst needs, not those a long
+			// queue grew.
+			if cap(batch) <= keepQueue {
+				c.batch = batch[:0]
+			}
+			if cap(c.queue) > keepQueue {
+				c.queue = nil
+			}
+			if cap(c.vec) > keepQueue {
+				c.vec, c.out = nil, nil
+			}
+			c.wake()
+			c.wmu.Unlock()
+			return
+		}
+		batch, c.queue = c.queue, batch[:0]
+		c.wake()
+		c.wmu.Unlock()
 	}
+}
+
+// entryOverhead is what a queued answer costs besides its bytes (the
+// encoder holding it, its places in the queue and the write vector), and
+// what a request in flight costs besides its arguments' bytes.
+const entryOverhead = 256
+
+// keepQueue is the most queue entries a connection keeps room for between
+// bursts.
+const keepQueue = 1024
+
+// cost is what an answer counts against the connection's budget while it
+// waits to be written: the memory it holds.
+func cost(e *encoder) int64 { return int64(e.buf.Cap() + entryOverhead) }
+
+// fail tears the connection down after a failed write: the peer is gone or
+// does not read. The queued answers are dropped, and the read loop stops
+// too. Called with wmu held.
+func (c *conn) fail() {
+	c.broken = true
+	for i, e := range c.queue {
+		c.pending.Add(-cost(e))
+		putEncoder(e)
+		c.queue[i] = nil
+	}
+	c.queue = c.queue[:0]
+	c.nc.Close()
+	c.cancel()
+}
+
+// wake lets the read loop go on if it waits and there is room now, or if
+// it must stop. Called with wmu held.
+func (c *conn) wake() {
+	if c.waiting && (c.broken || c.pending.Load() <= int64(c.s.cfg.MaxPendingBytes)) {
+		c.room.Signal()
+	}
+}
+
+// waitRoom blocks the read loop while the connection's unsent answers are
+// over the budget. It returns false if the connection is being torn down
+// or the server is shutting down: the read loop must stop.
+func (c *conn) waitRoom() bool {
+	budget := int64(c.s.cfg.MaxPendingBytes)
+	if c.pending.Load() <= budget {
+		return true
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	for c.pending.Load() > budget && !c.broken && !c.stopping {
+		c.waiting = true
+		c.room.Wait()
+	}
+	c.waiting = false
+	return !c.broken && !c.stopping
 }

@@ -42,6 +42,7 @@ Example:
 			&cli.IntFlag{Name: "max-value-size", Value: d.MaxValueSize, EnvVars: env("MAX_VALUE_SIZE"), Usage: "largest value in bytes"},
 			&cli.IntFlag{Name: "max-conns", Value: w.MaxConns, EnvVars: env("MAX_CONNS"), Usage: "most client connections at once"},
 			&cli.IntFlag{Name: "max-in-flight", Value: w.MaxInFlight, EnvVars: env("MAX_IN_FLIGHT"), Usage: "most pending requests per connection"},
+			&cli.IntFlag{Name: "max-pending-bytes", Value: w.MaxPendingBytes, EnvVars: env("MAX_PENDING_BYTES"), Usage: "unsent answers per connection, in bytes, past which its requests are not read until the client reads"},
 			&cli.IntFlag{Name: "max-waiters", Value: d.MaxWaiters, EnvVars: env("MAX_WAITERS"), Usage: "most callers queued for locks"},
 			&cli.DurationFlag{Name: "min-ttl", Value: d.MinTTL, EnvVars: env("MIN_TTL"), Usage: "shortest lease"},
 			&cli.DurationFlag{Name: "max-ttl", Value: d.MaxTTL, EnvVars: env("MAX_TTL"), Usage: "longest lease"},
@@ -70,6 +71,16 @@ Example:
 			wc.MaxMessageSize = c.Int("max-message-size")
 			wc.MaxConns = c.Int("max-conns")
 			wc.MaxInFlight = c.Int("max-in-flight")
+			wc.MaxPendingBytes = c.Int("max-pending-bytes")
+
+			// Each connection takes a file descriptor: allow as many as
+			// the system lets this process have. Past that, new clients
+			// are told limit_exceeded (wire/PROTOCOL.md §2.4).
+			if n, err := raiseFileLimit(); err != nil {
+				log.Warn("could not raise the file descriptor limit", "fd_limit", n, "err", err)
+			} else {
+				log.Info("file descriptor limit", "fd_limit", n, "max_conns", wc.MaxConns)
+			}
 
 			stopProfile, err := startCPUProfile(c.String("cpu-profile"))
 			if err != nil {
