@@ -43,7 +43,22 @@ func (db *DB) write(ctx context.Context, c Command, w WriteOptions) Result {
 		return Result{Err: err}
 	}
 	c.Write, c.Lock = w.kv(), w.Lock
-	return db.exec(ctx, c)
+	r := db.exec(ctx, c)
+	if r.Err != nil {
+		db.refusals.Note(ctx, &c, r.Err, db.m.Grantee)
+	}
+	return r
+}
+
+// Refusals returns up to limit refused fenced writes after sequence number
+// since, oldest first, and the latest sequence number (see RefusalLog).
+func (db *DB) Refusals(ctx context.Context, since uint64, limit int) ([]Refusal, uint64, error) {
+	limit, err := db.opts.Limit(limit)
+	if err != nil {
+		return nil, 0, err
+	}
+	rs, last := db.refusals.Since(since, limit)
+	return rs, last, nil
 }
 
 func written(r Result) (WriteResult, error) {

@@ -29,6 +29,8 @@ type DB struct {
 	clock Clock
 	epoch time.Time
 
+	refusals *RefusalLog
+
 	// m is the state machine. Its write side is used by the batch leader
 	// only (and by Open and Close, before and after any leader).
 	m *Machine
@@ -112,6 +114,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if db.clock == nil {
 		db.clock = realClock{}
 	}
+	db.refusals = NewRefusalLog(o.MaxRefusals, db.log)
 	db.epoch = db.clock.Now()
 	if err := db.replay(recs); err != nil {
 		m.Close()

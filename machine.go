@@ -55,6 +55,39 @@ type Machine struct {
 	// hook, if set (by tests), runs before each command is applied; a
 	// panic in it is a panic in apply.
 	hook func(*Command)
+
+	gmu    sync.Mutex        // guards grants and order (the refusal log reads them)
+	grants map[Token]grantee // the latest grants: token -> lock and holder
+	order  [maxGrants]Token  // grants' tokens, oldest first from gnext (a ring)
+	gnext  int
+}
+
+// grantee is whom a token was granted to.
+type grantee struct{ lock, holder string }
+
+// maxGrants is how many grants the machine remembers for the refusal log.
+const maxGrants = 1 << 14
+
+// noteGrant remembers whom token was granted to.
+func (m *Machine) noteGrant(t Token, lock, holder string) {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	if m.grants == nil {
+		m.grants = make(map[Token]grantee)
+	}
+	delete(m.grants, m.order[m.gnext])
+	m.order[m.gnext] = t
+	m.gnext = (m.gnext + 1) % maxGrants
+	m.grants[t] = grantee{lock, holder}
+}
+
+// Grantee returns the lock and holder name token t was granted to, if the
+// machine still remembers (the latest grants since it was opened).
+func (m *Machine) Grantee(t Token) (lock, holder string, ok bool) {
+	m.gmu.Lock()
+	defer m.gmu.Unlock()
+	g, ok := m.grants[t]
+	return g.lock, g.holder, ok
 }
 
 // OpenMachine opens (or creates) the data file at path and rebuilds the
@@ -164,6 +197,9 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 		r.Int, r.Entry, r.Err = tx.Incr(c.Key, c.Delta, c.Write)
 	case OpAcquire:
 		r.Grant, r.Err = leases.Acquire(tx, c.Now, c.Lease)
+		if r.Err == nil {
+			m.noteGrant(r.Grant.Token, c.Lease.Name, c.Lease.Holder)
+		}
 	case OpRenew:
 		r.TTL, r.Err = leases.Renew(tx, c.Now, c.Lease.Name, c.Token)
 	case OpRelease:

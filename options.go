@@ -29,6 +29,7 @@ type Options struct {
 	MaxScan      int           // most items one Scan or Locks returns
 	MaxScanBytes int           // a Scan or Locks page stops after about this many bytes
 	MaxBatch     int           // most commands in one transaction
+	MaxRefusals  int           // refused fenced writes the refusal log keeps
 
 	// CheckpointEvery and CheckpointBytes say how often the data file is
 	// brought up to date with the write-ahead log (and the log emptied):
@@ -50,6 +51,7 @@ func DefaultOptions() Options {
 		MaxScan:      10_000,
 		MaxScanBytes: 2 << 20,
 		MaxBatch:     1024,
+		MaxRefusals:  10_000,
 
 		CheckpointEvery: 200 * time.Millisecond,
 		CheckpointBytes: 16 << 20,
@@ -58,7 +60,7 @@ func DefaultOptions() Options {
 
 func (o *Options) validate() error {
 	switch {
-	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0:
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0:
 		return errors.New("fencekv: size limits must be positive")
 	case o.MaxKeySize > kv.MaxKeySize:
 		// A key or lock name the storage cannot hold would fail in the

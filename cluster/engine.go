@@ -76,7 +76,23 @@ func (n *Node) write(ctx context.Context, c fencekv.Command, w fencekv.WriteOpti
 	if err == nil {
 		err = r.Err
 	}
+	if err != nil {
+		// Refusals are logged on the node the client reached (which
+		// knows its address), whichever node applied the write.
+		n.refusals.Note(ctx, &c, err, n.m.Grantee)
+	}
 	return r, err
+}
+
+// Refusals returns the fenced writes refused on requests this node took,
+// after sequence number since.
+func (n *Node) Refusals(ctx context.Context, since uint64, limit int) ([]fencekv.Refusal, uint64, error) {
+	limit, err := n.opts.Limit(limit)
+	if err != nil {
+		return nil, 0, err
+	}
+	rs, last := n.refusals.Since(since, limit)
+	return rs, last, nil
 }
 
 func written(r fencekv.Result, err error) (fencekv.WriteResult, error) {

@@ -63,8 +63,9 @@ type Node struct {
 	kicked map[string]struct{} // locks freed (or with a new waiter) for the hand-off loop to look at
 	hwake  chan struct{}       // wakes the hand-off loop
 
-	reads verifier
-	fwd   forwarder
+	reads    verifier
+	fwd      forwarder
+	refusals *fencekv.RefusalLog
 
 	stop chan struct{} // closed by Close
 	wg   sync.WaitGroup
@@ -100,6 +101,7 @@ func Open(cfg Config) (n *Node, err error) {
 		n.log = slog.New(slog.DiscardHandler)
 	}
 	n.log = n.log.With("node", cfg.Name)
+	n.refusals = fencekv.NewRefusalLog(cfg.Engine.MaxRefusals, n.log)
 	n.epoch = time.Now()
 	var closers []io.Closer
 	defer func() {

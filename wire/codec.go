@@ -111,13 +111,14 @@ const (
 	fLockDelay
 	fStrict
 	fConsistency
+	fSince
 )
 
 // fields maps the protocol's param names to their bits.
 var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
-	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency,
+	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency, "since": fSince,
 }
 
 func (f field) String() string {
@@ -139,6 +140,7 @@ type args struct {
 	ttlMs, waitMs, delayMs    int64
 	strict                    bool
 	consistency               string
+	since                     uint64
 	has                       field
 }
 
@@ -201,6 +203,8 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			a.waitMs, err = decodeInt(dec)
 		case fLockDelay:
 			a.delayMs, err = decodeInt(dec)
+		case fSince:
+			a.since, err = decodeUint(dec)
 		case fConsistency:
 			var b []byte
 			b, err = decodeBytes(dec)

@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"time"
 
 	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
@@ -81,4 +82,78 @@ func b2i(b bool) int {
 		return 1
 	}
 	return 0
+}
+
+// Refusals lists the fenced writes the server refused after sequence
+// number since (0: from the oldest it keeps), up to limit (0: the
+// default), and the latest sequence number.
+func (c *Client) Refusals(ctx context.Context, since uint64, limit int) ([]fencekv.Refusal, uint64, error) {
+	var out []fencekv.Refusal
+	var last uint64
+	err := c.do(ctx, "refusals",
+		func(p params) error {
+			p.EncodeMapLen(2)
+			p.uint("since", since)
+			p.int("limit", int64(limit))
+			return nil
+		},
+		func(dec *msgpack.Decoder) error {
+			return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+				switch k {
+				case "last":
+					return decodeTo(dec, &last)
+				case "refusals":
+				default:
+					return dec.Skip()
+				}
+				n, err := dec.DecodeArrayLen()
+				if err != nil {
+					return err
+				}
+				out = make([]fencekv.Refusal, max(n, 0))
+				for i := range out {
+					r := &out[i]
+					err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+						switch k {
+						case "seq":
+							err = decodeTo(dec, &r.Seq)
+						case "time_ms":
+							var ms int64
+							ms, err = dec.DecodeInt64()
+							r.Time = time.UnixMilli(ms)
+						case "code":
+							var s string
+							s, err = dec.DecodeString()
+							r.Code = fencekv.Code(s)
+						case "op":
+							r.Op, err = dec.DecodeString()
+						case "key":
+							r.Key, err = dec.DecodeBytes()
+						case "lock":
+							r.Lock, err = dec.DecodeString()
+						case "token":
+							err = decodeTo(dec, (*uint64)(&r.Token))
+						case "fence":
+							err = decodeTo(dec, (*uint64)(&r.Fence))
+						case "holder_token":
+							err = decodeTo(dec, (*uint64)(&r.Holder))
+						case "granted_lock":
+							r.GrantedLock, err = dec.DecodeString()
+						case "granted_holder":
+							r.GrantedHolder, err = dec.DecodeString()
+						case "client":
+							r.Client, err = dec.DecodeString()
+						default:
+							err = dec.Skip()
+						}
+						return err
+					})
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	return out, last, err
 }

@@ -33,6 +33,7 @@ var methods = map[string]method{
 	"locks":     locks,
 	"status":    status,
 	"members":   members,
+	"refusals":  refusals,
 }
 
 // reads applies the read's consistency: "" or "linearizable" (the
@@ -350,5 +351,43 @@ func members(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 		e.bool("voter", m.Voter)
 		e.str("raft_role", m.RaftRole)
 	}
+	return nil
+}
+
+// refusalLister is an engine that keeps a refusal log.
+type refusalLister interface {
+	Refusals(ctx context.Context, since uint64, limit int) ([]fencekv.Refusal, uint64, error)
+}
+
+// refusals lists refused fenced writes after sequence number since.
+func refusals(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	rl, ok := eng.(refusalLister)
+	if !ok {
+		return &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: "this server keeps no refusal log"}
+	}
+	rs, last, err := rl.Refusals(ctx, a.since, int(a.limit))
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(2)
+	e.EncodeString("refusals")
+	e.EncodeArrayLen(len(rs))
+	for _, r := range rs {
+		e.EncodeMapLen(13)
+		e.uint("seq", r.Seq)
+		e.int("time_ms", r.Time.UnixMilli())
+		e.str("code", string(r.Code))
+		e.str("op", r.Op)
+		e.bin("key", r.Key)
+		e.str("lock", r.Lock)
+		e.uint("token", uint64(r.Token))
+		e.uint("fence", uint64(r.Fence))
+		e.uint("holder_token", uint64(r.Holder))
+		e.str("granted_lock", r.GrantedLock)
+		e.str("granted_holder", r.GrantedHolder)
+		e.str("client", r.Client)
+		e.bool("known", r.GrantedLock != "")
+	}
+	e.uint("last", last)
 	return nil
 }

@@ -341,6 +341,7 @@ type conn struct {
 	// acquires. Other requests are not cancelled: once read, they are
 	// applied and answered.
 	waits  context.Context
+	base   context.Context // every other request's context: the client's address
 	cancel context.CancelFunc
 
 	slots    chan struct{} // one per in-flight request
@@ -368,7 +369,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
 	}
 	c.room.L = &c.wmu
-	c.waits, c.cancel = context.WithCancel(s.base)
+	// Every request's context carries the client's address (for the
+	// refusal log); made once per connection.
+	c.base = fencekv.WithClient(context.Background(), nc.RemoteAddr().String())
+	c.waits, c.cancel = context.WithCancel(fencekv.WithClient(s.base, nc.RemoteAddr().String()))
 	return c
 }
 
@@ -532,7 +536,7 @@ func (c *conn) handle(m message, a *args) {
 	// The result is written after the nil error slot; on a refusal the
 	// response is rewritten with the error and a nil result.
 	e.EncodeNil()
-	ctx := context.Background()
+	ctx := c.base
 	if m.method == "acquire" {
 		ctx = c.waits
 	}

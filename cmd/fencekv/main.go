@@ -68,6 +68,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 			pingCommand(),
 			statusCommand(),
 			membersCommand(),
+			refusalsCommand(),
 			getCommand(),
 			putCommand(),
 			delCommand(),
