@@ -25,9 +25,10 @@ const (
 	OpRelease               // Lease.Name, Token
 	OpExpire                // Lease.Name: apply what is due on the lock at Now (a no-op from an older Term)
 	OpRearm                 // every lease its full TTL again from Now; Term becomes the machine's term; Token, if set, is a floor for the token sequence
+	OpTxn                   // Compares, Ops, Write, Lock: all of Ops or none, as one revision
 )
 
-var opNames = [...]string{"", "put", "delete", "cas", "incr", "acquire", "renew", "release", "expire", "rearm"}
+var opNames = [...]string{"", "put", "delete", "cas", "incr", "acquire", "renew", "release", "expire", "rearm", "txn"}
 
 func (o Op) String() string {
 	if int(o) < len(opNames) {
@@ -54,6 +55,23 @@ type Command struct {
 	Lock     string        // held write (G4): the lock that must be held by Write.Token
 	Lease    lease.Request // acquire; Lease.Name for renew, release, expire
 	Token    Token         // renew, release
+	Compares []Compare     // txn
+	Ops      []TxnOp       // txn
+}
+
+// TxnOp is one write of a transaction (Txn).
+type TxnOp struct {
+	Op    Op // OpPut, OpDelete or OpIncr
+	Key   []byte
+	Value []byte // put
+	Delta int64  // incr
+}
+
+// Compare is a condition of a transaction: Key is at Revision (0: the key
+// is absent).
+type Compare struct {
+	Key      []byte
+	Revision Revision
 }
 
 // LeaseRequest asks for a lock (the Lease field of a Command); Grant is a
@@ -63,12 +81,22 @@ type (
 	Grant        = lease.Grant
 )
 
+// TxnResult is the outcome of one op of a transaction.
+type TxnResult struct {
+	Key      []byte
+	Fence    Token
+	Revision Revision
+	Deleted  bool  // delete: a live key was removed
+	Int      int64 // incr: the new value
+}
+
 // Result is the outcome of applying a Command.
 type Result struct {
 	Err     error
 	Entry   kv.Entry    // writes: the key's fence and revision after the write
 	Deleted bool        // delete: a live key was removed
 	Int     int64       // incr: the new value
+	Txn     []TxnResult // txn: one per op
 	Grant   lease.Grant // acquire
 	TTL     time.Duration
 	Freed   bool // acquire/release/expire: the lock became acquirable
@@ -85,10 +113,11 @@ type Result struct {
 // still read, so a log written before versions existed replays.
 const (
 	encodingV1 = 0x81 // commands with Term; OpRearm
+	encodingV2 = 0x82 // commands with a txn's Compares and Ops; OpTxn
 )
 
 // appendBatchHeader starts the encoding of a batch.
-func appendBatchHeader(b []byte) []byte { return append(b, encodingV1) }
+func appendBatchHeader(b []byte) []byte { return append(b, encodingV2) }
 
 // appendCommand appends c's binary encoding (version 1) to b. Every field
 // is written, so that replay applies exactly the command that was applied
@@ -112,7 +141,20 @@ func appendCommand(b []byte, c *Command) []byte {
 	b = binary.AppendVarint(b, int64(c.Lease.TTL))
 	b = appendBytes(b, []byte(c.Lease.Holder))
 	b = binary.AppendVarint(b, int64(c.Lease.LockDelay))
-	return binary.AppendUvarint(b, uint64(c.Token))
+	b = binary.AppendUvarint(b, uint64(c.Token))
+	b = binary.AppendUvarint(b, uint64(len(c.Compares)))
+	for _, cmp := range c.Compares {
+		b = appendBytes(b, cmp.Key)
+		b = binary.AppendUvarint(b, uint64(cmp.Revision))
+	}
+	b = binary.AppendUvarint(b, uint64(len(c.Ops)))
+	for _, op := range c.Ops {
+		b = append(b, byte(op.Op))
+		b = appendBytes(b, op.Key)
+		b = appendBytes(b, op.Value)
+		b = binary.AppendVarint(b, op.Delta)
+	}
+	return b
 }
 
 // EncodeBatch encodes cmds as one batch, for a replicated log's entry.
@@ -148,6 +190,8 @@ func eachCommand(b []byte, fn func(*Command) error) error {
 	switch v := b[0]; {
 	case v == encodingV1:
 		version, b = 1, b[1:]
+	case v == encodingV2:
+		version, b = 2, b[1:]
 	case v >= byte(OpPut) && v <= byte(OpExpire):
 		// version 0: no version byte
 	default:
@@ -187,6 +231,9 @@ func readCommand(b []byte, version int) (Command, []byte, error) {
 		c.Term = r.uvarint()
 		last = OpRearm
 	}
+	if version >= 2 {
+		last = OpTxn
+	}
 	c.Key = r.bytes()
 	c.Value = r.bytes()
 	c.Revision = Revision(r.uvarint())
@@ -199,6 +246,24 @@ func readCommand(b []byte, version int) (Command, []byte, error) {
 	c.Lease.Holder = string(r.bytes())
 	c.Lease.LockDelay = time.Duration(r.varint())
 	c.Token = Token(r.uvarint())
+	if version >= 2 {
+		if n := r.uvarint(); n > 0 && n <= uint64(len(r.b)) {
+			c.Compares = make([]Compare, n)
+			for i := range c.Compares {
+				c.Compares[i] = Compare{Key: r.bytes(), Revision: Revision(r.uvarint())}
+			}
+		} else if n > 0 {
+			r.bad = true
+		}
+		if n := r.uvarint(); n > 0 && n <= uint64(len(r.b)) {
+			c.Ops = make([]TxnOp, n)
+			for i := range c.Ops {
+				c.Ops[i] = TxnOp{Op: Op(r.byte()), Key: r.bytes(), Value: r.bytes(), Delta: r.varint()}
+			}
+		} else if n > 0 {
+			r.bad = true
+		}
+	}
 	if r.bad || c.Op < OpPut || c.Op > last {
 		return Command{}, nil, errBadCommand
 	}

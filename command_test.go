@@ -21,6 +21,9 @@ var sampleCommands = []Command{
 	{Op: OpRelease, Lease: lease.Request{Name: "lock"}, Token: 3},
 	{Op: OpExpire, Now: time.Hour, Term: 9, Lease: lease.Request{Name: "lock"}},
 	{Op: OpRearm, Now: time.Minute, Term: 1 << 40},
+	{Op: OpTxn, Write: kv.Write{Token: 9}, Lock: "L",
+		Compares: []Compare{{Key: []byte("a"), Revision: 3}, {Key: []byte("b")}},
+		Ops:      []TxnOp{{Op: OpPut, Key: []byte("a"), Value: []byte("x")}, {Op: OpDelete, Key: []byte("b")}, {Op: OpIncr, Key: []byte("n"), Delta: -2}}},
 }
 
 // TestCommandEncoding: what the write-ahead log (or a replicated log)
@@ -38,8 +41,8 @@ func TestCommandEncoding(t *testing.T) {
 			t.Fatalf("command %d = %+v; want %+v", i, got[i], want)
 		}
 	}
-	for _, bad := range [][]byte{{}, {0}, {byte(OpRearm + 1), 0}, appendCommand(nil, &sampleCommands[0])[:5]} {
-		if _, _, err := readCommand(bad, 1); err == nil {
+	for _, bad := range [][]byte{{}, {0}, {byte(OpTxn + 1), 0}, appendCommand(nil, &sampleCommands[0])[:5]} {
+		if _, _, err := readCommand(bad, 2); err == nil {
 			t.Errorf("readCommand(%x) = nil error; want errBadCommand", bad)
 		}
 	}
@@ -62,7 +65,7 @@ func TestCommandVersions(t *testing.T) {
 	if _, err := DecodeBatch(appendCommandV0(nil, &Command{Op: OpRearm})); err == nil {
 		t.Error("a version 0 rearm decoded; want an error")
 	}
-	for _, v := range []byte{0x82, 0xff, 0x10} {
+	for _, v := range []byte{0x83, 0xff, 0x10} {
 		_, err := DecodeBatch(append([]byte{v}, EncodeBatch(sampleCommands)[1:]...))
 		if !errors.Is(err, ErrVersion) {
 			t.Errorf("version byte 0x%02x: err = %v; want ErrVersion", v, err)
@@ -73,6 +76,7 @@ func TestCommandVersions(t *testing.T) {
 // appendCommandV0 is the encoding of fencekv 0.1.0's log, before versions.
 func appendCommandV0(b []byte, c *Command) []byte {
 	v1 := appendCommand(nil, c)
+	v1 = v1[:len(v1)-2] // version 2 added two counts (compares, ops) at the end
 	// Version 1 is version 0 with Term after Now.
 	_, n := binary.Varint(v1[1:])
 	_, m := binary.Uvarint(v1[1+n:])
@@ -88,7 +92,7 @@ func FuzzReadCommand(f *testing.F) {
 	}
 	f.Add([]byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, rest, err := readCommand(b, 1)
+		c, rest, err := readCommand(b, 2)
 		if err != nil {
 			return
 		}
@@ -97,7 +101,7 @@ func FuzzReadCommand(f *testing.F) {
 			// Varints have one shortest form; longer forms decode but
 			// re-encode shorter. Equality of the decoded command is what
 			// matters.
-			c2, _, err := readCommand(again, 1)
+			c2, _, err := readCommand(again, 2)
 			if err != nil || !reflect.DeepEqual(normal(c2), normal(c)) {
 				t.Fatalf("re-encoding %+v gave %+v, %v", c, c2, err)
 			}
@@ -106,6 +110,16 @@ func FuzzReadCommand(f *testing.F) {
 }
 
 func normal(c Command) Command {
+	if c.Ops != nil {
+		ops := make([]TxnOp, len(c.Ops))
+		for i, op := range c.Ops {
+			if len(op.Value) == 0 {
+				op.Value = nil
+			}
+			ops[i] = op
+		}
+		c.Ops = ops
+	}
 	if len(c.Key) == 0 {
 		c.Key = nil
 	}

@@ -178,7 +178,7 @@ func isRefusal(err error) bool {
 func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 	leases := m.leases
 	switch c.Op {
-	case OpPut, OpDelete, OpCAS, OpIncr:
+	case OpPut, OpDelete, OpCAS, OpIncr, OpTxn:
 		if c.Lock != "" {
 			if err := leases.Check(tx, c.Now, c.Lock, c.Write.Token); err != nil {
 				r.Err = err
@@ -215,6 +215,8 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 		var changed bool
 		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
 		r.Noop = !changed
+	case OpTxn:
+		r.Txn, r.Err = applyTxn(tx, c)
 	case OpRearm:
 		tx.RaiseToken(c.Token)
 		r.Err = leases.Rearm(tx, c.Now)

@@ -30,6 +30,7 @@ type Options struct {
 	MaxScanBytes int           // a Scan or Locks page stops after about this many bytes
 	MaxBatch     int           // most commands in one transaction
 	MaxRefusals  int           // refused fenced writes the refusal log keeps
+	MaxTxnOps    int           // most ops (and most compares) in one txn
 
 	// CheckpointEvery and CheckpointBytes say how often the data file is
 	// brought up to date with the write-ahead log (and the log emptied):
@@ -52,6 +53,7 @@ func DefaultOptions() Options {
 		MaxScanBytes: 2 << 20,
 		MaxBatch:     1024,
 		MaxRefusals:  10_000,
+		MaxTxnOps:    128,
 
 		CheckpointEvery: 200 * time.Millisecond,
 		CheckpointBytes: 16 << 20,
@@ -60,7 +62,7 @@ func DefaultOptions() Options {
 
 func (o *Options) validate() error {
 	switch {
-	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0:
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0, o.MaxTxnOps <= 0:
 		return errors.New("fencekv: size limits must be positive")
 	case o.MaxKeySize > kv.MaxKeySize:
 		// A key or lock name the storage cannot hold would fail in the

@@ -81,3 +81,36 @@ func (o *Options) Limit(n int) (int, error) {
 	}
 	return n, nil
 }
+
+// CheckTxn refuses a transaction without ops, with more than MaxTxnOps
+// ops or compares, with an op of another kind than put, delete or incr, or
+// whose keys, values or fencing options CheckWrite refuses.
+func (o *Options) CheckTxn(compares []Compare, ops []TxnOp, w WriteOptions) error {
+	switch {
+	case len(ops) == 0:
+		return errorf(CodeBadRequest, "a txn needs at least one op")
+	case len(ops) > o.MaxTxnOps || len(compares) > o.MaxTxnOps:
+		return errorf(CodeTooLarge, "a txn has %d ops and %d compares; the limit is %d each", len(ops), len(compares), o.MaxTxnOps)
+	}
+	size := 0
+	for i, op := range ops {
+		switch op.Op {
+		case OpPut, OpDelete, OpIncr:
+		default:
+			return errorf(CodeBadRequest, "txn op %d: %q is not put, delete or incr", i, op.Op)
+		}
+		if err := o.CheckWrite(op.Key, op.Value, w); err != nil {
+			return err
+		}
+		size += len(op.Key) + len(op.Value)
+	}
+	for _, c := range compares {
+		if err := o.CheckKey(c.Key); err != nil {
+			return err
+		}
+	}
+	if size > o.MaxValueSize+o.MaxTxnOps*o.MaxKeySize {
+		return errorf(CodeTooLarge, "a txn writes %d bytes; the limit is the value limit plus the key limit per op", size)
+	}
+	return nil
+}

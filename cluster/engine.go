@@ -333,3 +333,25 @@ func (n *Node) Status(ctx context.Context) (fencekv.Status, error) {
 	}
 	return s, n.m.Counters(&s)
 }
+
+// Txn applies ops, all or none, as one revision, if every compare holds.
+func (n *Node) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencekv.TxnOp, w fencekv.WriteOptions) (fencekv.Revision, []fencekv.TxnResult, error) {
+	if err := n.opts.CheckTxn(compares, ops, w); err != nil {
+		return 0, nil, err
+	}
+	c := fencekv.Command{Op: fencekv.OpTxn, Compares: compares, Ops: ops, Lock: w.Lock}
+	c.Write.Token, c.Write.Strict = w.Token, w.Strict
+	r, err := route(ctx, n, true, func() (fencekv.Result, error) { return n.propose(ctx, c) },
+		func(cl *wire.Client) (fencekv.Result, error) {
+			_, rs, err := cl.Txn(ctx, compares, ops, w)
+			return fencekv.Result{Txn: rs}, err
+		})
+	if err == nil {
+		err = r.Err
+	}
+	if err != nil {
+		n.refusals.Note(ctx, &c, err, n.m.Grantee)
+		return 0, nil, err
+	}
+	return fencekv.TxnRevision(r.Txn), r.Txn, nil
+}

@@ -42,6 +42,7 @@ type Error struct {
 	Holder     string        // lock_held: the current holder's display name
 	RetryAfter time.Duration // lock_held: how long until the lock may be free
 	Revision   Revision      // compare_failed: the key's current revision
+	Key        string        // in a txn: the key the refusal is about (stale_token, compare_failed, not_integer)
 	Leader     string        // not_leader: the leader's address, if known
 	Outcome    string        // unavailable: OutcomeUnknown when a write may have been applied
 }

@@ -366,7 +366,9 @@ type Tx struct {
 	rev       Revision
 	lastToken Token
 	live      uint64
-	dirty     bool // counters changed since Begin
+	dirty     bool     // counters changed since Begin
+	grouped   bool     // inside Group: writes share groupRev
+	groupRev  Revision // the group's revision, once it has written
 
 	ov                    *overlay            // read-only: consulted before the file (its lock is held)
 	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
@@ -509,7 +511,7 @@ func check(cur Token, w Write) error {
 // write stores a live or deleted record for key with the new fence and
 // advances the revision. It never fails a fence check: callers check first.
 func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive bool) (Revision, error) {
-	rev := t.rev + 1
+	rev := t.nextRev()
 	rec := make([]byte, recHeader+len(value))
 	if live {
 		rec[0] = flagLive
@@ -572,7 +574,7 @@ func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 	if !cur.Found && w.Token == 0 {
 		// An accepted write like any other, so it advances the store's
 		// revision; there is nothing to record for the key.
-		t.rev++
+		t.rev = t.nextRev()
 		t.dirty = true
 		return false, Entry{Key: key, Fence: nf, Revision: t.rev}, nil
 	}

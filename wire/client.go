@@ -375,6 +375,10 @@ func decodeError(dec *msgpack.Decoder) (error, error) {
 			fe.Leader, err = dec.DecodeString()
 		case "outcome":
 			fe.Outcome, err = dec.DecodeString()
+		case "key":
+			var b []byte
+			b, err = dec.DecodeBytes()
+			fe.Key = string(b)
 		default:
 			err = dec.Skip()
 		}

@@ -112,6 +112,8 @@ const (
 	fStrict
 	fConsistency
 	fSince
+	fCompare
+	fOps
 )
 
 // fields maps the protocol's param names to their bits.
@@ -119,6 +121,7 @@ var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
 	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency, "since": fSince,
+	"compare": fCompare, "ops": fOps,
 }
 
 func (f field) String() string {
@@ -141,6 +144,8 @@ type args struct {
 	strict                    bool
 	consistency               string
 	since                     uint64
+	compares                  []fencekv.Compare
+	ops                       []fencekv.TxnOp
 	has                       field
 }
 
@@ -205,6 +210,10 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			a.delayMs, err = decodeInt(dec)
 		case fSince:
 			a.since, err = decodeUint(dec)
+		case fCompare:
+			a.compares, err = decodeCompares(dec)
+		case fOps:
+			a.ops, err = decodeOps(dec)
 		case fConsistency:
 			var b []byte
 			b, err = decodeBytes(dec)
@@ -380,9 +389,17 @@ func (e *encoder) errorMap(err *fencekv.Error) {
 			n = 3
 		}
 	}
+	// In a txn, the refusals about one key name it.
+	withKey := err.Key != "" && (err.Code == fencekv.CodeStaleToken || err.Code == fencekv.CodeCompareFailed || err.Code == fencekv.CodeNotInteger)
+	if withKey {
+		n++
+	}
 	e.EncodeMapLen(n)
 	e.str("code", string(err.Code))
 	e.str("message", msg)
+	if withKey {
+		e.bin("key", []byte(err.Key))
+	}
 	switch err.Code {
 	case fencekv.CodeStaleToken:
 		e.uint("fence", uint64(err.Fence))
@@ -410,4 +427,111 @@ func asError(err error) *fencekv.Error {
 		return fe
 	}
 	return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: err.Error()}
+}
+
+// maxTxnItems bounds the arrays of a txn before they are allocated (the
+// engine's own limit, 128 by default, is checked after).
+const maxTxnItems = 1 << 12
+
+func decodeArrayLen(dec *msgpack.Decoder) (int, error) {
+	n, err := dec.DecodeArrayLen()
+	switch {
+	case err != nil:
+		return 0, errors.New("want an array")
+	case n > maxTxnItems:
+		return 0, fmt.Errorf("%d items; at most %d", n, maxTxnItems)
+	}
+	return max(n, 0), nil
+}
+
+// decodeCompares reads a txn's compare: [{key, revision}].
+func decodeCompares(dec *msgpack.Decoder) ([]fencekv.Compare, error) {
+	n, err := decodeArrayLen(dec)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fencekv.Compare, n)
+	for i := range out {
+		err := eachMapField(dec, func(k string) (err error) {
+			switch k {
+			case "key":
+				out[i].Key, err = decodeBytes(dec)
+			case "revision":
+				var r uint64
+				r, err = decodeUint(dec)
+				out[i].Revision = fencekv.Revision(r)
+			default:
+				err = dec.Skip()
+			}
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("compare %d: %v", i, err)
+		}
+	}
+	return out, nil
+}
+
+// decodeOps reads a txn's ops: [{op, key, value?, delta?}].
+func decodeOps(dec *msgpack.Decoder) ([]fencekv.TxnOp, error) {
+	n, err := decodeArrayLen(dec)
+	if err != nil {
+		return nil, err
+	}
+	out := make([]fencekv.TxnOp, n)
+	for i := range out {
+		op := &out[i]
+		err := eachMapField(dec, func(k string) (err error) {
+			switch k {
+			case "op":
+				var b []byte
+				b, err = decodeBytes(dec)
+				switch string(b) {
+				case "put":
+					op.Op = fencekv.OpPut
+				case "delete":
+					op.Op = fencekv.OpDelete
+				case "incr":
+					op.Op = fencekv.OpIncr
+				default:
+					err = fmt.Errorf("op %.32q: want put, delete or incr", b)
+				}
+			case "key":
+				op.Key, err = decodeBytes(dec)
+			case "value":
+				op.Value, err = decodeBytes(dec)
+			case "delta":
+				op.Delta, err = decodeInt(dec)
+			default:
+				err = dec.Skip()
+			}
+			return err
+		})
+		if err != nil {
+			return nil, fmt.Errorf("op %d: %v", i, err)
+		}
+		if op.Op == 0 {
+			return nil, fmt.Errorf("op %d: missing \"op\"", i)
+		}
+	}
+	return out, nil
+}
+
+// eachMapField reads a map with string keys, calling fn for each key with
+// the decoder at its value.
+func eachMapField(dec *msgpack.Decoder, fn func(key string) error) error {
+	n, err := dec.DecodeMapLen()
+	if err != nil {
+		return errors.New("want a map")
+	}
+	for range max(n, 0) {
+		k, err := dec.DecodeString()
+		if err != nil {
+			return errors.New("map keys must be strings")
+		}
+		if err := fn(k); err != nil {
+			return err
+		}
+	}
+	return nil
 }

@@ -157,3 +157,73 @@ func (c *Client) Refusals(ctx context.Context, since uint64, limit int) ([]fence
 		})
 	return out, last, err
 }
+
+// Txn applies ops, all or none, as one revision, if every compare holds
+// (see fencekv.DB.Txn).
+func (c *Client) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencekv.TxnOp, w fencekv.WriteOptions) (fencekv.Revision, []fencekv.TxnResult, error) {
+	var rev fencekv.Revision
+	var rs []fencekv.TxnResult
+	err := c.do(ctx, "txn",
+		func(p params) error {
+			writeParams(p, nil, w, 2)
+			p.EncodeString("compare")
+			p.EncodeArrayLen(len(compares))
+			for _, cmp := range compares {
+				p.EncodeMapLen(2)
+				p.bin("key", cmp.Key)
+				p.uint("revision", uint64(cmp.Revision))
+			}
+			p.EncodeString("ops")
+			p.EncodeArrayLen(len(ops))
+			for _, op := range ops {
+				p.EncodeMapLen(4)
+				p.str("op", op.Op.String())
+				p.bin("key", op.Key)
+				p.bin("value", op.Value)
+				p.int("delta", op.Delta)
+			}
+			return nil
+		},
+		func(dec *msgpack.Decoder) error {
+			return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+				switch k {
+				case "revision":
+					return decodeTo(dec, (*uint64)(&rev))
+				case "results":
+				default:
+					return dec.Skip()
+				}
+				n, err := dec.DecodeArrayLen()
+				if err != nil {
+					return err
+				}
+				rs = make([]fencekv.TxnResult, max(n, 0))
+				for i := range rs {
+					r := &rs[i]
+					err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+						switch k {
+						case "key":
+							r.Key, err = dec.DecodeBytes()
+						case "fence":
+							err = decodeTo(dec, (*uint64)(&r.Fence))
+						case "revision":
+							err = decodeTo(dec, (*uint64)(&r.Revision))
+						case "value":
+							r.Int, err = dec.DecodeInt64()
+						default:
+							err = dec.Skip()
+						}
+						return err
+					})
+					if err != nil {
+						return err
+					}
+				}
+				return nil
+			})
+		})
+	if err != nil {
+		return 0, nil, err
+	}
+	return rev, rs, nil
+}

@@ -34,6 +34,7 @@ var methods = map[string]method{
 	"status":    status,
 	"members":   members,
 	"refusals":  refusals,
+	"txn":       txn,
 }
 
 // reads applies the read's consistency: "" or "linearizable" (the
@@ -389,5 +390,44 @@ func refusals(ctx context.Context, eng Engine, a *args, e *encoder) error {
 		e.bool("known", r.GrantedLock != "")
 	}
 	e.uint("last", last)
+	return nil
+}
+
+// txner is an engine that applies multi-key transactions.
+type txner interface {
+	Txn(ctx context.Context, compares []fencekv.Compare, ops []fencekv.TxnOp, w fencekv.WriteOptions) (fencekv.Revision, []fencekv.TxnResult, error)
+}
+
+// txn applies ops, all or none, if every compare holds.
+func txn(ctx context.Context, eng Engine, a *args, e *encoder) error {
+	t, ok := eng.(txner)
+	if !ok {
+		return &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: "this server has no txn"}
+	}
+	if err := need(a, fOps); err != nil {
+		return err
+	}
+	w, err := a.write()
+	if err != nil {
+		return err
+	}
+	rev, rs, err := t.Txn(ctx, a.compares, a.ops, w)
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(2)
+	e.uint("revision", uint64(rev))
+	e.EncodeString("results")
+	e.EncodeArrayLen(len(rs))
+	for i, r := range rs {
+		incr := a.ops[i].Op == fencekv.OpIncr
+		e.EncodeMapLen(3 + b2i(incr))
+		e.bin("key", r.Key)
+		e.uint("fence", uint64(r.Fence))
+		e.uint("revision", uint64(r.Revision))
+		if incr {
+			e.int("value", r.Int)
+		}
+	}
 	return nil
 }

@@ -69,6 +69,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 			statusCommand(),
 			membersCommand(),
 			refusalsCommand(),
+			txnCommand(),
 			getCommand(),
 			putCommand(),
 			delCommand(),
