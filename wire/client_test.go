@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"strconv"
 	"strings"
 	"sync"
@@ -205,4 +206,166 @@ func TestClientSharedContext(t *testing.T) {
 		t.Fatalf("ping after = %q, %v", v, err)
 	}
 	ok(t, holder.Release(context.Background(), "L", l.Token))
+}
+
+// clientGoroutines returns the stacks of the goroutines, other than the
+// caller's, running code of a wire.Client, however they were started. The
+// package's tests do not run in parallel, so after a test's client calls
+// have returned, any such goroutine is one the client left behind.
+func clientGoroutines() []string {
+	buf := make([]byte, 1<<20)
+	for {
+		n := runtime.Stack(buf, true)
+		if n < len(buf) {
+			buf = buf[:n]
+			break
+		}
+		buf = make([]byte, 2*len(buf))
+	}
+	var left []string
+	for _, g := range strings.Split(string(buf), "\n\n")[1:] { // the caller's first
+		if strings.Contains(g, "fencekv/wire.(*Client)") {
+			left = append(left, g)
+		}
+	}
+	return left
+}
+
+// closeAndCheck closes c and fails the test if a goroutine of the client
+// is still running when Close has returned: Close waits for them.
+func closeAndCheck(t *testing.T, c *wire.Client) {
+	t.Helper()
+	if err := c.Close(); err != nil {
+		t.Fatalf("close: %v", err)
+	}
+	if n := wire.Running(c); n != 0 {
+		t.Errorf("%d goroutines of the client still running after Close returned", n)
+	}
+	if left := clientGoroutines(); len(left) > 0 {
+		t.Errorf("%d goroutines in client code after Close returned:\n%s", len(left), strings.Join(left, "\n\n"))
+	}
+}
+
+// holdGoroutines holds the goroutines c starts from now on as they end
+// (see wire.HoldEnding), until the test ends at the latest. closeHeld then
+// closes c and checks that Close waits for n of them: it has not returned
+// while they are held, and returns, leaving none running, once they are
+// let go.
+func holdGoroutines(t *testing.T, c *wire.Client) (closeHeld func(t *testing.T, n int)) {
+	arrived, release := make(chan struct{}, 16), make(chan struct{})
+	var once sync.Once
+	letGo := func() { once.Do(func() { close(release) }) }
+	t.Cleanup(letGo) // before dial's Close, which would wait for them
+	wire.HoldEnding(c, arrived, release)
+	return func(t *testing.T, n int) {
+		t.Helper()
+		closed := make(chan error, 1)
+		go func() { closed <- c.Close() }()
+		for i := range n {
+			select {
+			case <-arrived:
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%d of %d goroutines of the client ended their work after Close", i, n)
+			}
+		}
+		// Each is held now; a Close that did not wait for them would
+		// return at once.
+		select {
+		case err := <-closed:
+			t.Fatalf("Close returned (%v) while %d goroutines of the client were still running", err, wire.Running(c))
+		case <-time.After(50 * time.Millisecond):
+		}
+		letGo()
+		select {
+		case err := <-closed:
+			if err != nil {
+				t.Fatalf("close: %v", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("Close did not return once the client's goroutines were let go")
+		}
+		if r := wire.Running(c); r != 0 {
+			t.Errorf("%d goroutines of the client still running after Close returned", r)
+		}
+		if left := clientGoroutines(); len(left) > 0 {
+			t.Errorf("%d goroutines in client code after Close returned:\n%s", len(left), strings.Join(left, "\n\n"))
+		}
+	}
+}
+
+// TestClientCloseWaitsForLateGrant: a queued acquire whose caller gave up
+// leaves a goroutine waiting for the grant, to release it; Close ends that
+// wait and returns only once the goroutine has ended. Close stays
+// idempotent.
+func TestClientCloseWaitsForLateGrant(t *testing.T) {
+	ts, holder, l, c := lockHeld(t)
+	closeHeld := holdGoroutines(t, c)
+	ctx := context.Background()
+	actx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, cancel)
+	if _, err := c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
+	}
+	if n := wire.Running(c); n < 1 {
+		t.Fatalf("%d goroutines of the client after the acquire gave up; want the one waiting for the grant", n)
+	}
+	closeHeld(t, 1)
+	for range 2 {
+		if err := c.Close(); err != nil {
+			t.Fatalf("Close again = %v; want nil", err)
+		}
+	}
+	if _, err := c.Ping(ctx); !errors.Is(err, wire.ErrClientClosed) {
+		t.Fatalf("ping after Close = %v; want ErrClientClosed", err)
+	}
+	// The closed connection's queued acquire is gone with it; the holder
+	// keeps the lock.
+	eventually(t, 10*time.Second, "the closed client's acquire to leave the queue", func() bool { return waiters(t, ts.DB, "L") == 0 })
+	in, err := holder.LockInfo(ctx, "L")
+	if err != nil || !in.Held || in.Token != l.Token {
+		t.Fatalf("lock_info after the waiter closed = %+v, %v; want still held with token %d", in, err, l.Token)
+	}
+}
+
+// TestClientLateGrantReleasedByAnotherReader: the caller gives up while
+// another call holds the read side; the grant that comes later is read by
+// that call, and the client's goroutine still releases it, then ends.
+func TestClientLateGrantReleasedByAnotherReader(t *testing.T) {
+	ts, holder, l, c := lockHeld(t)
+	ctx := context.Background()
+	m, err := holder.Acquire(ctx, "M", 10*time.Second, nil)
+	ok(t, err)
+	// A queued acquire of M, waiting on its own context: the reader.
+	reader := make(chan error, 1)
+	go func() {
+		_, err := c.Acquire(ctx, "M", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
+		reader <- err
+	}()
+	eventually(t, 10*time.Second, "the acquire of M to queue", func() bool { return waiters(t, ts.DB, "M") == 1 })
+	actx, cancel := context.WithCancel(ctx)
+	time.AfterFunc(100*time.Millisecond, cancel)
+	if _, err := c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute}); !errors.Is(err, context.Canceled) {
+		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
+	}
+	if n := waiters(t, ts.DB, "L"); n != 1 {
+		t.Fatalf("%d waiters for L; want the abandoned acquire", n)
+	}
+	ok(t, holder.Release(ctx, "L", l.Token))
+	eventually(t, 10*time.Second, "the late grant of L to be released", func() bool {
+		in, err := ts.DB.LockInfo(ctx, "L")
+		return err == nil && !in.Held && in.Waiters == 0
+	})
+	if st, err := ts.DB.Status(ctx); err != nil || st.LastToken <= m.Token {
+		t.Fatalf("status %+v, %v: want a grant of L after token %d", st, err, m.Token)
+	}
+	eventually(t, 10*time.Second, "the client's goroutine to end after the release", func() bool { return wire.Running(c) == 0 })
+	// The reader was not disturbed: its own grant comes when M is free.
+	ok(t, holder.Release(ctx, "M", m.Token))
+	select {
+	case err := <-reader:
+		ok(t, err)
+	case <-time.After(10 * time.Second):
+		t.Fatal("the queued acquire of M was never answered")
+	}
+	closeAndCheck(t, c)
 }
