@@ -1,7 +1,9 @@
 // Package fencekvtest holds test helpers for programs that embed fencekv
-// or talk to it: a server on a fresh store (Serve), and a fake clock that
-// moves only when told, so lease expiry is driven by the test rather than
-// by sleeping.
+// or talk to it: a server on a fresh store (Serve) or on any engine
+// (ServeEngine); a fake clock that moves only when told, so lease expiry is
+// driven by the test rather than by sleeping; a slog handler that keeps
+// what is logged (Logs); and the re-execution of the test binary as a
+// child process running one test (Child, AsChild).
 package fencekvtest
 
 import (
