@@ -89,36 +89,45 @@ func TestClientCancelStorm(t *testing.T) {
 	}
 }
 
-// lockHeld starts a server on which one client (holder) holds lock "L"
-// with lease l, and dials another client, c.
-func lockHeld(t *testing.T) (ts *testServer, holder *wire.Client, l fencekv.Lease, c *wire.Client) {
+// lockHeld starts a server (edit as for startServer) on which one client,
+// holder, holds lock "L" with lease l.
+func lockHeld(t *testing.T, edit func(*fencekv.Options, *wire.Config)) (ts *testServer, holder *wire.Client, l fencekv.Lease) {
 	t.Helper()
-	ts = startServer(t, nil)
+	ts = startServer(t, edit)
 	holder = dial(t, ts.Addr)
 	l, err := holder.Acquire(context.Background(), "L", 10*time.Second, nil)
 	ok(t, err)
-	return ts, holder, l, dial(t, ts.Addr)
+	return ts, holder, l
 }
 
-// TestClientReaderInterrupted: a lone caller reading its own queued
-// acquire returns at its context's end, the connection stays in step, and
-// the grant that comes later is released by the client.
-func TestClientReaderInterrupted(t *testing.T) {
-	ts, holder, l, c := lockHeld(t)
-	ctx := context.Background()
+// abandonAcquire queues an acquire of name on c and gives up while it
+// waits: its context is cancelled, and Acquire must return then. The
+// acquire stays queued on the server, for a minute.
+func abandonAcquire(t *testing.T, c *wire.Client, name string) {
+	t.Helper()
 	// Cancelled, not a deadline: Acquire would shorten the server-side
 	// wait to a deadline, and the server would answer in time.
-	actx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	time.AfterFunc(100*time.Millisecond, cancel)
 	start := time.Now()
-	_, err := c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
+	_, err := c.Acquire(ctx, name, 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute})
 	if !errors.Is(err, context.Canceled) {
 		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
 	}
 	if d := time.Since(start); d > 5*time.Second {
 		t.Fatalf("acquire returned %v after its context ended", d)
 	}
+}
+
+// TestClientReaderInterrupted: a lone caller reading its own queued
+// acquire returns at its context's end, the connection stays in step, and
+// the grant that comes later is released by the client.
+func TestClientReaderInterrupted(t *testing.T) {
+	ts, holder, l := lockHeld(t, nil)
+	c := dial(t, ts.Addr)
+	ctx := context.Background()
+	abandonAcquire(t, c, "L")
 	// The stream is intact: calls on the same client are answered, and
 	// with their own answers.
 	for i := range 10 {
@@ -149,7 +158,8 @@ func TestClientReaderInterrupted(t *testing.T) {
 // queued acquire) while others come and go, some cut short: the reading
 // passes between them without losing an answer.
 func TestClientHandOverUnderCancel(t *testing.T) {
-	ts, holder, l, c := lockHeld(t)
+	ts, holder, l := lockHeld(t, nil)
+	c := dial(t, ts.Addr)
 	ctx := context.Background()
 	granted := make(chan error, 1)
 	go func() {
@@ -187,7 +197,8 @@ func TestClientHandOverUnderCancel(t *testing.T) {
 // case, whose watch the client keeps) still interrupts the reader when it
 // ends, and a later call with another context is served.
 func TestClientSharedContext(t *testing.T) {
-	_, holder, l, c := lockHeld(t)
+	ts, holder, l := lockHeld(t, nil)
+	c := dial(t, ts.Addr)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	for range 5 {
@@ -298,14 +309,11 @@ func holdGoroutines(t *testing.T, c *wire.Client) (closeHeld func(t *testing.T, 
 // wait and returns only once the goroutine has ended. Close stays
 // idempotent.
 func TestClientCloseWaitsForLateGrant(t *testing.T) {
-	ts, holder, l, c := lockHeld(t)
+	ts, holder, l := lockHeld(t, nil)
+	c := dial(t, ts.Addr)
 	closeHeld := holdGoroutines(t, c)
 	ctx := context.Background()
-	actx, cancel := context.WithCancel(ctx)
-	time.AfterFunc(100*time.Millisecond, cancel)
-	if _, err := c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
-	}
+	abandonAcquire(t, c, "L")
 	if n := wire.Running(c); n < 1 {
 		t.Fatalf("%d goroutines of the client after the acquire gave up; want the one waiting for the grant", n)
 	}
@@ -331,7 +339,8 @@ func TestClientCloseWaitsForLateGrant(t *testing.T) {
 // another call holds the read side; the grant that comes later is read by
 // that call, and the client's goroutine still releases it, then ends.
 func TestClientLateGrantReleasedByAnotherReader(t *testing.T) {
-	ts, holder, l, c := lockHeld(t)
+	ts, holder, l := lockHeld(t, nil)
+	c := dial(t, ts.Addr)
 	ctx := context.Background()
 	m, err := holder.Acquire(ctx, "M", 10*time.Second, nil)
 	ok(t, err)
@@ -342,11 +351,7 @@ func TestClientLateGrantReleasedByAnotherReader(t *testing.T) {
 		reader <- err
 	}()
 	eventually(t, 10*time.Second, "the acquire of M to queue", func() bool { return waiters(t, ts.DB, "M") == 1 })
-	actx, cancel := context.WithCancel(ctx)
-	time.AfterFunc(100*time.Millisecond, cancel)
-	if _, err := c.Acquire(actx, "L", 5*time.Second, &fencekv.AcquireOptions{Wait: time.Minute}); !errors.Is(err, context.Canceled) {
-		t.Fatalf("queued acquire past its context = %v; want Canceled", err)
-	}
+	abandonAcquire(t, c, "L")
 	if n := waiters(t, ts.DB, "L"); n != 1 {
 		t.Fatalf("%d waiters for L; want the abandoned acquire", n)
 	}

@@ -9,7 +9,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -20,21 +19,21 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
 // The tests in this file run real processes on the real clock: a client
 // or a server is stopped with SIGSTOP, which no fake clock can stand in
-// for. The children are this test binary run again with FENCEKV_WIRE_HELPER
-// set; TestHelperClient and TestHelperServer are their bodies.
+// for. The children are this test binary run again (fencekvtest.Child);
+// TestHelperClient and TestHelperServer are their bodies.
 
 const (
-	envHelper = "FENCEKV_WIRE_HELPER" // set in children: run the helper body
-	envAddr   = "FENCEKV_WIRE_ADDR"   // client: the server to dial
-	envName   = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
-	envTTL    = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
-	envWait   = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
-	envDir    = "FENCEKV_WIRE_DIR"    // server: data dir
+	envAddr = "FENCEKV_WIRE_ADDR"   // client: the server to dial
+	envName = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
+	envTTL  = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
+	envWait = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
+	envDir  = "FENCEKV_WIRE_DIR"    // server: data dir
 
 	seedLock = "inventory"
 	seedKey  = "inventory/sku-1"
@@ -49,9 +48,7 @@ func say(format string, args ...any) {
 // lock, says its token, optionally waits for a line on stdin, then writes
 // its name to the key with its token and says what the server answered.
 func TestHelperClient(t *testing.T) {
-	if os.Getenv(envHelper) == "" {
-		t.Skip("the body of a child process of TestSeedScenarioProcesses")
-	}
+	fencekvtest.AsChild(t) // of TestSeedScenarioProcesses
 	ctx := context.Background()
 	name := os.Getenv(envName)
 	ttl, err := strconv.Atoi(os.Getenv(envTTL))
@@ -90,28 +87,15 @@ func TestHelperClient(t *testing.T) {
 // dir, listens on 127.0.0.1, says its address, and serves until stdin is
 // closed.
 func TestHelperServer(t *testing.T) {
-	if os.Getenv(envHelper) == "" {
-		t.Skip("the body of a child process of TestWithLockServerPaused")
-	}
+	fencekvtest.AsChild(t) // of TestWithLockServerPaused
 	db, err := fencekv.Open(os.Getenv(envDir), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	srv, err := wire.NewServer(db, wire.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	say("addr %s", ln.Addr())
+	t.Cleanup(func() { db.Close() }) // after the server has shut down
+	_, addr := fencekvtest.ServeEngine(t, db, wire.DefaultConfig())
+	say("addr %s", addr)
 	io.Copy(io.Discard, os.Stdin)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	srv.Shutdown(ctx)
 }
 
 // child is a helper process. Cleanup resumes it if it is stopped, kills
@@ -131,8 +115,7 @@ type child struct {
 
 func startChild(t *testing.T, name, body string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+body+"$", "-test.count=1", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), append([]string{envHelper + "=1"}, env...)...)
+	cmd := fencekvtest.Child(body, nil, env...)
 	c := &child{t: t, name: name, cmd: cmd, lines: make(chan string, 100), exited: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
