@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -301,16 +302,8 @@ func decodeJSON(t *testing.T, s string) map[string]any {
 
 // --- assertions ----------------------------------------------------------
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitFor polls cond until it holds, failing the test after timeout.
+var waitFor = fencekvtest.Eventually
 
 func wantEqual[T comparable](t *testing.T, what string, got, want T) {
 	t.Helper()
