@@ -1,9 +1,11 @@
 package fencekvtest
 
 import (
+	"bytes"
 	"os"
 	"os/exec"
 	"slices"
+	"sync"
 	"testing"
 )
 
@@ -41,4 +43,26 @@ func AsChild(t testing.TB) []string {
 		return os.Args[i+1:]
 	}
 	return nil
+}
+
+// Buffer collects a child process's output (as its cmd.Stdout or
+// cmd.Stderr) for the test to read while the process still writes: a
+// bytes.Buffer that is safe for concurrent use. The zero value is empty
+// and ready.
+type Buffer struct {
+	mu sync.Mutex // guards b
+	b  bytes.Buffer
+}
+
+func (b *Buffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.Write(p)
+}
+
+// String returns what was written so far.
+func (b *Buffer) String() string {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.b.String()
 }

@@ -2,8 +2,9 @@
 // or talk to it: a server on a fresh store (Serve) or on any engine
 // (ServeEngine); a fake clock that moves only when told, so lease expiry is
 // driven by the test rather than by sleeping; a slog handler that keeps
-// what is logged (Logs); and the re-execution of the test binary as a
-// child process running one test (Child, AsChild).
+// what is logged (Logs); polling with a deadline (Eventually); and the
+// re-execution of the test binary as a child process running one test
+// (Child, AsChild), with a Buffer for what a child writes.
 package fencekvtest
 
 import (

@@ -38,15 +38,16 @@ func TestEventually(t *testing.T) {
 }
 
 // TestChild runs TestChildBody in a child process, with arguments and an
-// environment of its own.
+// environment of its own, and collects its output in a Buffer.
 func TestChild(t *testing.T) {
 	cmd := fencekvtest.Child("TestChildBody", []string{"a", "--b"}, "FENCEKVTEST_X=x")
-	out, err := cmd.Output()
-	if err != nil {
-		t.Fatalf("child: %v\n%s", err, out)
+	var out fencekvtest.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &out
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("child: %v\n%s", err, out.String())
 	}
-	if !strings.Contains(string(out), "child: x [a --b]\n") {
-		t.Fatalf("child printed %q; want its environment and arguments", out)
+	if !strings.Contains(out.String(), "child: x [a --b]\n") {
+		t.Fatalf("child printed %q; want its environment and arguments", out.String())
 	}
 }
 

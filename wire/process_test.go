@@ -4,7 +4,6 @@ package wire_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -13,7 +12,6 @@ import (
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
@@ -108,9 +106,7 @@ type child struct {
 	lines  chan string   // its stdout, line by line; closed at EOF
 	exited chan struct{} // closed once it has been reaped
 	err    error         // its exit status, once exited is closed
-
-	mu     sync.Mutex // guards stderr
-	stderr bytes.Buffer
+	stderr fencekvtest.Buffer
 }
 
 func startChild(t *testing.T, name, body string, env ...string) *child {
@@ -126,7 +122,7 @@ func startChild(t *testing.T, name, body string, env ...string) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = lockedWriter{&c.mu, &c.stderr}
+	cmd.Stderr = &c.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -156,17 +152,6 @@ func startChild(t *testing.T, name, body string, env ...string) *child {
 	return c
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
-}
-
 // expect returns the rest of the child's next "helper: <prefix>" line,
 // logging other output, and fails the test if none comes within d.
 func (c *child) expect(prefix string, d time.Duration) string {
@@ -176,22 +161,16 @@ func (c *child) expect(prefix string, d time.Duration) string {
 		select {
 		case line, open := <-c.lines:
 			if !open {
-				c.t.Fatalf("%s exited before saying %q; stderr:\n%s", c.name, prefix, c.stderrText())
+				c.t.Fatalf("%s exited before saying %q; stderr:\n%s", c.name, prefix, c.stderr.String())
 			}
 			if rest, found := strings.CutPrefix(line, "helper: "+prefix); found {
 				return strings.TrimSpace(rest)
 			}
 			c.t.Logf("%s: %s", c.name, line)
 		case <-timeout:
-			c.t.Fatalf("%s did not say %q within %v; stderr:\n%s", c.name, prefix, d, c.stderrText())
+			c.t.Fatalf("%s did not say %q within %v; stderr:\n%s", c.name, prefix, d, c.stderr.String())
 		}
 	}
-}
-
-func (c *child) stderrText() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.stderr.String()
 }
 
 func (c *child) signal(sig syscall.Signal) {
@@ -212,7 +191,7 @@ func (c *child) wait(d time.Duration) {
 	select {
 	case <-c.exited:
 		if c.err != nil {
-			c.t.Fatalf("%s exited with %v; stderr:\n%s", c.name, c.err, c.stderrText())
+			c.t.Fatalf("%s exited with %v; stderr:\n%s", c.name, c.err, c.stderr.String())
 		}
 	case <-time.After(d):
 		c.t.Fatalf("%s did not exit within %v", c.name, d)

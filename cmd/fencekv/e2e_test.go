@@ -6,7 +6,6 @@ package main
 // and exit status.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -61,22 +60,7 @@ func buildAndRun(m *testing.M) int {
 // --- processes -----------------------------------------------------------
 
 // logBuffer collects a process's output; safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = fencekvtest.Buffer
 
 // server is a running 'fencekv serve' process.
 type server struct {
