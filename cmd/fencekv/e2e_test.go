@@ -13,7 +13,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -36,24 +35,13 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "fencekv-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	var remove func()
+	var err error
+	if bin, remove, err = fencekvtest.Build(".", "fencekv"); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	bin = filepath.Join(dir, "fencekv")
-	// go test puts its own GOROOT/bin first on PATH.
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: no go command to build the binary:", err)
-		return 1
-	}
-	build := exec.Command(gobin, "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
-		return 1
-	}
+	defer remove()
 	return m.Run()
 }
 
