@@ -139,8 +139,16 @@ func TestClientReaderInterrupted(t *testing.T) {
 			t.Fatalf("get = %q, %v; want %d", e.Value, err, i)
 		}
 	}
-	// The abandoned acquire is still queued on the server (the wait
-	// there is a minute); when it is granted, the client releases it.
+	lateGrantReleased(t, ts, holder, l, l.Token)
+}
+
+// lateGrantReleased checks that an abandoned acquire of "L" is still
+// queued on the server (the wait there is a minute), then has holder
+// release l, and waits for the client to release the grant that follows,
+// whose token is above after.
+func lateGrantReleased(t *testing.T, ts *testServer, holder *wire.Client, l fencekv.Lease, after fencekv.Token) {
+	t.Helper()
+	ctx := context.Background()
 	if n := waiters(t, ts.DB, "L"); n != 1 {
 		t.Fatalf("%d waiters; want the abandoned acquire", n)
 	}
@@ -149,8 +157,8 @@ func TestClientReaderInterrupted(t *testing.T) {
 		in, err := ts.DB.LockInfo(ctx, "L")
 		return err == nil && !in.Held && in.Waiters == 0
 	})
-	if st, err := ts.DB.Status(ctx); err != nil || st.LastToken <= l.Token {
-		t.Fatalf("status %+v, %v: want a grant after token %d", st, err, l.Token)
+	if st, err := ts.DB.Status(ctx); err != nil || st.LastToken <= after {
+		t.Fatalf("status %+v, %v: want a grant after token %d", st, err, after)
 	}
 }
 
@@ -352,17 +360,7 @@ func TestClientLateGrantReleasedByAnotherReader(t *testing.T) {
 	}()
 	eventually(t, 10*time.Second, "the acquire of M to queue", func() bool { return waiters(t, ts.DB, "M") == 1 })
 	abandonAcquire(t, c, "L")
-	if n := waiters(t, ts.DB, "L"); n != 1 {
-		t.Fatalf("%d waiters for L; want the abandoned acquire", n)
-	}
-	ok(t, holder.Release(ctx, "L", l.Token))
-	eventually(t, 10*time.Second, "the late grant of L to be released", func() bool {
-		in, err := ts.DB.LockInfo(ctx, "L")
-		return err == nil && !in.Held && in.Waiters == 0
-	})
-	if st, err := ts.DB.Status(ctx); err != nil || st.LastToken <= m.Token {
-		t.Fatalf("status %+v, %v: want a grant of L after token %d", st, err, m.Token)
-	}
+	lateGrantReleased(t, ts, holder, l, m.Token)
 	eventually(t, 10*time.Second, "the client's goroutine to end after the release", func() bool { return wire.Running(c) == 0 })
 	// The reader was not disturbed: its own grant comes when M is free.
 	ok(t, holder.Release(ctx, "M", m.Token))
