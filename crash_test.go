@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 )
 
 // The crash test runs the engine in a child process (this test binary,
@@ -64,14 +65,12 @@ func crashSeq(v []byte) (int64, error) {
 	return strconv.ParseInt(string(f), 10, 64)
 }
 
-// TestCrashChild is the child side of TestCrash; it does nothing unless the
-// parent set crashEnvDir. It streams grants and fenced writes until it is
-// killed, printing one line per acknowledged call.
+// TestCrashChild is the child side of TestCrash; it is skipped unless
+// TestCrash started it (fencekvtest.Child). It streams grants and fenced
+// writes until it is killed, printing one line per acknowledged call.
 func TestCrashChild(t *testing.T) {
+	fencekvtest.AsChild(t)
 	dir := os.Getenv(crashEnvDir)
-	if dir == "" {
-		t.Skip("child of TestCrash; runs only when re-executed by it")
-	}
 	fail := func(format string, args ...any) {
 		fmt.Fprintf(os.Stderr, "crash child: "+format+"\n", args...)
 		os.Exit(3)
@@ -331,8 +330,7 @@ func (m *crashModel) check(t *testing.T, dir string) {
 // and feeds every acknowledgement it printed to m.
 func crashRound(t *testing.T, dir string, round, killAt int, m *crashModel) {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestCrashChild$", "-test.count=1", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), crashEnvDir+"="+dir, crashEnvRound+"="+strconv.Itoa(round))
+	cmd := fencekvtest.Child("TestCrashChild", nil, crashEnvDir+"="+dir, crashEnvRound+"="+strconv.Itoa(round))
 	var stderr bytes.Buffer
 	cmd.Stderr = &stderr
 	stdin, err := cmd.StdinPipe()

@@ -118,13 +118,7 @@ func status(t *testing.T, db *fencekv.DB) fencekv.Status {
 // never a stand-in for the fake clock.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(time.Millisecond)
-	}
+	fencekvtest.Eventually(t, 5*time.Second, what, cond)
 }
 
 // snapshot is the observable state of some keys and locks plus the store's

@@ -18,7 +18,7 @@ import (
 // BenchmarkScale shows that live leases and keys cost memory and time in
 // proportion: it grants N leases and writes N/10 keys, then reports heap and
 // RSS per lease, and the cost of expiring every lease (driven by a fake
-// clock, through the real expiry loop and commit loop).
+// clock, through the real expiry loop and batch leader).
 //
 // It runs without fsync (NoSync): it measures memory and CPU per lease, not
 // the disk. Run it with

@@ -1,7 +1,15 @@
 // Package fencekvtest holds test helpers for programs that embed fencekv
-// or talk to it: a server on a fresh store (Serve), and a fake clock that
-// moves only when told, so lease expiry is driven by the test rather than
-// by sleeping.
+// or talk to it, and for fencekv's own tests:
+//
+//   - Serve, ServeEngine: a server in this process, on a fresh store or on
+//     any engine, stopped when the test ends;
+//   - Clock: a fake clock that moves only when told, so lease expiry is
+//     driven by the test rather than by sleeping;
+//   - Logs: a slog handler that keeps what is logged;
+//   - Eventually: polling a condition with a deadline;
+//   - Child, AsChild, Buffer: the test binary run again as a child process
+//     that runs one test, and a buffer for what it writes;
+//   - Build: a binary of the module, built once per test binary.
 package fencekvtest
 
 import (

@@ -24,14 +24,30 @@ func Serve(tb testing.TB, opts *fencekv.Options) (string, *fencekv.DB) {
 	if err != nil {
 		tb.Fatalf("fencekvtest: open: %v", err)
 	}
-	srv, err := wire.NewServer(db, wire.DefaultConfig())
+	// Cleanups run last-in first-out: the server stops before the store
+	// closes.
+	tb.Cleanup(func() {
+		if err := db.Close(); err != nil {
+			tb.Errorf("fencekvtest: close: %v", err)
+		}
+	})
+	_, addr := ServeEngine(tb, db, wire.DefaultConfig())
+	return addr, db
+}
+
+// ServeEngine serves eng (a store, or a test's stand-in for one) with cfg
+// on a free port of 127.0.0.1 until the test ends, then shuts the server
+// down, failing the test if it does not stop cleanly. It returns the
+// server and its address. Closing eng, if needed, is the caller's: a
+// cleanup registered before ServeEngine runs after the server has stopped.
+func ServeEngine(tb testing.TB, eng wire.Engine, cfg wire.Config) (*wire.Server, string) {
+	tb.Helper()
+	srv, err := wire.NewServer(eng, cfg)
 	if err != nil {
-		db.Close()
 		tb.Fatalf("fencekvtest: %v", err)
 	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		db.Close()
 		tb.Fatalf("fencekvtest: listen: %v", err)
 	}
 	served := make(chan error, 1)
@@ -43,11 +59,8 @@ func Serve(tb testing.TB, opts *fencekv.Options) (string, *fencekv.DB) {
 			tb.Errorf("fencekvtest: shutdown: %v", err)
 		}
 		if err := <-served; !errors.Is(err, wire.ErrServerClosed) {
-			tb.Errorf("fencekvtest: serve: %v", err)
-		}
-		if err := db.Close(); err != nil {
-			tb.Errorf("fencekvtest: close: %v", err)
+			tb.Errorf("fencekvtest: Serve returned %v; want ErrServerClosed", err)
 		}
 	})
-	return ln.Addr().String(), db
+	return srv, ln.Addr().String()
 }

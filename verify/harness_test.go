@@ -14,7 +14,6 @@ import (
 	"math/rand/v2"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"sort"
 	"strings"
@@ -23,6 +22,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencekv/fencekv/fencekvtest"
 )
 
 // The fencekv binary is built once per test binary, by the first test that
@@ -31,15 +32,15 @@ import (
 // client (TestVerifyRun), and those children must not build anything.
 var (
 	buildOnce  sync.Once
-	binDir     string // the build's temporary directory
+	removeBin  func() // removes the build's temporary directory
 	fencekvBin string // the binary, once built
 	buildErr   error
 )
 
 func TestMain(m *testing.M) {
 	code := m.Run()
-	if binDir != "" {
-		os.RemoveAll(binDir)
+	if removeBin != nil {
+		removeBin()
 	}
 	os.Exit(code)
 }
@@ -48,16 +49,7 @@ func TestMain(m *testing.M) {
 func fencekvBinary(t testing.TB) string {
 	t.Helper()
 	buildOnce.Do(func() {
-		if binDir, buildErr = os.MkdirTemp("", "fencekv-verify-bin-"); buildErr != nil {
-			return
-		}
-		bin := filepath.Join(binDir, "fencekv")
-		out, err := exec.Command("go", "build", "-o", bin, "../cmd/fencekv").CombinedOutput()
-		if err != nil {
-			buildErr = fmt.Errorf("go build ../cmd/fencekv: %v\n%s", err, out)
-			return
-		}
-		fencekvBin = bin
+		fencekvBin, removeBin, buildErr = fencekvtest.Build("../cmd/fencekv", "fencekv")
 	})
 	if buildErr != nil {
 		t.Fatalf("building fencekv: %v", buildErr)

@@ -17,16 +17,7 @@ import (
 // TestVerifyClientProcess is the paused client when the test binary is
 // re-executed by TestVerifyRun; otherwise it does nothing.
 func TestVerifyClientProcess(t *testing.T) {
-	if os.Getenv("FENCEKV_VERIFY_CLIENT") != "1" {
-		t.Skip("only runs as a child of TestVerifyRun")
-	}
-	args := os.Args
-	for i, a := range args {
-		if a == "--" {
-			args = args[i+1:]
-			break
-		}
-	}
+	args := fencekvtest.AsChild(t) // of TestVerifyRun
 	os.Exit(verify.ClientMain(args, os.Stdin, os.Stdout))
 }
 
@@ -43,9 +34,7 @@ func TestVerifyRun(t *testing.T) {
 		Clients: 3,
 		Updates: 40,
 		Client: func(args []string) *exec.Cmd {
-			cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestVerifyClientProcess$", "--"}, args...)...)
-			cmd.Env = append(os.Environ(), "FENCEKV_VERIFY_CLIENT=1")
-			return cmd
+			return fencekvtest.Child("TestVerifyClientProcess", args)
 		},
 	})
 	if err != nil {

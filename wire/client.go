@@ -62,6 +62,14 @@ type Client struct {
 	dlSet    bool        // a read deadline was set to interrupt that wait
 	unwatch  func() bool // stops the watch on the context in watched
 	closed   bool        // Close has dropped the watch: make no more
+
+	// The client's own goroutines (see spawn), which Close waits for.
+	bgmu     sync.Mutex     // guards stopping, and orders bg.Go before bg.Wait
+	stopping bool           // Close has begun: start no more
+	closing  chan struct{}  // closed when Close begins
+	bg       sync.WaitGroup // the goroutines spawn started, and the watch's (see watch)
+	running  atomic.Int32   // how many of them are running (for tests)
+	ending   func()         // tests: run by each goroutine of spawn as it ends
 }
 
 // call is a request waiting for its response. The reader decodes the
@@ -91,6 +99,7 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 		bw:      bufio.NewWriter(nc),
 		br:      bufio.NewReaderSize(nc, 64<<10),
 		pending: make(map[uint32]*call),
+		closing: make(chan struct{}),
 	}
 	c.enc = msgpack.NewEncoder(c.bw)
 	c.dec = msgpack.NewDecoder(c.br)
@@ -100,10 +109,21 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 // Addr is the server address the client dialed.
 func (c *Client) Addr() string { return c.addr }
 
-// Close closes the connection; calls in flight fail. It is safe to call
-// more than once.
+// Close closes the connection; calls in flight fail. It returns once the
+// goroutines the client started have ended: the release of a grant that
+// came after its caller gave up (see Acquire), and the renewing behind
+// WithLock, whose callback's context is cancelled with ErrLeaseLost. Close
+// is idempotent: it is safe to call more than once, and from several
+// goroutines; every call returns after that wait, and calls after the
+// first return nil.
 func (c *Client) Close() error {
 	c.fail(ErrClientClosed)
+	c.bgmu.Lock()
+	if !c.stopping {
+		c.stopping = true
+		close(c.closing)
+	}
+	c.bgmu.Unlock()
 	c.dlmu.Lock()
 	c.closed = true
 	if c.unwatch != nil {
@@ -113,10 +133,34 @@ func (c *Client) Close() error {
 	}
 	c.dlmu.Unlock()
 	err := c.nc.Close()
+	// Every call fails now, and fast: the goroutines end soon.
+	c.bg.Wait()
 	if errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
+}
+
+// spawn runs f in a goroutine that Close waits for, and reports whether it
+// did: once Close has begun it starts nothing. Every goroutine the client
+// starts goes through here, so none outlives Close; f must therefore end
+// soon after the client is closed (its calls fail then), and must not call
+// Close itself.
+func (c *Client) spawn(f func()) bool {
+	c.bgmu.Lock()
+	defer c.bgmu.Unlock()
+	if c.stopping {
+		return false
+	}
+	c.running.Add(1)
+	c.bg.Go(func() {
+		defer c.running.Add(-1)
+		f()
+		if c.ending != nil {
+			c.ending()
+		}
+	})
+	return true
 }
 
 // fail marks the client broken and fails every pending call.
@@ -216,7 +260,23 @@ func (c *Client) watch(ctx context.Context) {
 	}
 	c.watched = ctx
 	if ctx.Done() != nil && !c.closed {
-		c.unwatch = context.AfterFunc(ctx, c.interrupt)
+		// When ctx ends, interrupt runs in a goroutine of its own: Close
+		// waits for it as for the client's other goroutines (see spawn).
+		// The count is taken now, under dlmu, so before Close waits.
+		c.bg.Add(1)
+		stop := context.AfterFunc(ctx, func() {
+			defer c.bg.Done()
+			c.running.Add(1)
+			defer c.running.Add(-1)
+			c.interrupt()
+		})
+		c.unwatch = func() bool {
+			if !stop() {
+				return false // running or run: it counts itself down
+			}
+			c.bg.Done()
+			return true
+		}
 	}
 }
 
@@ -796,7 +856,9 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 // client) until granted or the wait ends; the wait is shortened to ctx's
 // deadline. If ctx ends first, Acquire returns ctx's error at once, and a
 // grant that still arrives later is released, so the lock is not stuck with
-// a holder that gave up.
+// a holder that gave up: a goroutine of the client waits for the answer,
+// and Close ends that wait (a grant that comes after Close cannot be
+// released through this client; its lease runs out).
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, error) {
 	var ao fencekv.AcquireOptions
 	if o != nil {
@@ -850,15 +912,16 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 	}
 	err = c.wait(ctx, id, p, true)
 	if err != nil && ctx.Err() != nil && err == ctx.Err() {
-		go func() {
-			// The response still comes (the call stays registered); if
-			// it is a grant, nobody will use it: release it.
+		// The response still comes (the call stays registered); if it is
+		// a grant, nobody will use it: release it. If Close has begun, the
+		// call has failed already and there is nothing to wait for.
+		c.spawn(func() {
 			if c.wait(context.Background(), id, p, false) == nil && token != 0 {
 				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				c.Release(rctx, name, fencekv.Token(token))
 			}
-		}()
+		})
 		return fencekv.Lease{}, err
 	}
 	if err != nil {

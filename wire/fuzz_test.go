@@ -114,34 +114,26 @@ func (c *fuzzConn) SetDeadline(time.Time) error      { return nil }
 func (c *fuzzConn) SetReadDeadline(time.Time) error  { return nil }
 func (c *fuzzConn) SetWriteDeadline(time.Time) error { return nil }
 
-// errorLog records what a server logs at Error: a recovered panic.
+// errorLog keeps, as text, what a server logs at Error: a recovered
+// panic. (This file is package wire, which fencekvtest imports, so it
+// cannot use fencekvtest.Logs.)
 type errorLog struct {
-	mu   sync.Mutex
-	msgs []string
+	mu  sync.Mutex // guards buf
+	buf bytes.Buffer
 }
 
-func (h *errorLog) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
-func (h *errorLog) WithAttrs([]slog.Attr) slog.Handler           { return h }
-func (h *errorLog) WithGroup(string) slog.Handler                { return h }
-func (h *errorLog) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		b.WriteString(" " + a.String())
-		return true
-	})
-	h.mu.Lock()
-	h.msgs = append(h.msgs, b.String())
-	h.mu.Unlock()
-	return nil
+func (l *errorLog) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.buf.Write(p)
 }
 
-func (h *errorLog) take() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	m := h.msgs
-	h.msgs = nil
-	return m
+// take returns the lines logged so far and forgets them.
+func (l *errorLog) take() []string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	defer l.buf.Reset()
+	return strings.FieldsFunc(l.buf.String(), func(r rune) bool { return r == '\n' })
 }
 
 // FuzzDecode feeds arbitrary bytes through the server's input path: the
@@ -168,7 +160,7 @@ func FuzzDecode(f *testing.F) {
 	cfg := DefaultConfig()
 	cfg.MaxMessageSize = 64 << 10
 	cfg.MaxInFlight = 16
-	cfg.Logger = slog.New(logs)
+	cfg.Logger = slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelError}))
 	srv, err := NewServer(db, cfg)
 	if err != nil {
 		f.Fatal(err)

@@ -34,12 +34,21 @@ type LockOptions struct {
 // acquire was sent) reaches the TTL — measured on this machine's clock, so
 // it fires even if the server or the network is stuck. Because the server
 // measures the same lease from a later moment, the client always gives up
-// first. fn should still pass l.Token with every write (fencekv.WriteOptions
+// first. fn's context is also cancelled with ErrLeaseLost (and
+// ErrClientClosed) when the client is closed, since no renew can be sent
+// then. fn should still pass l.Token with every write (fencekv.WriteOptions
 // {Token: l.Token}): the fence is what stops a write that was already on
 // its way.
 //
+// The renewing is done by two goroutines of the client, started after the
+// acquire: one keeps the lease (ticks, deadline) and one sends the renews,
+// one at a time. Both have ended when WithLock returns, and Close waits
+// for them.
+//
 // WithLock returns fn's error; if fn returned nil but the lease was lost,
-// it returns an error wrapping ErrLeaseLost.
+// it returns an error wrapping ErrLeaseLost. If the client was closed
+// between the acquire and the start of the renewing, fn is not called and
+// WithLock returns ErrClientClosed.
 func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o *LockOptions,
 	fn func(ctx context.Context, l fencekv.Lease) error) error {
 	var lo LockOptions
@@ -69,10 +78,14 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	defer cancel(nil)
 	keeperDone := make(chan struct{})
 	stop := make(chan struct{})
-	go func() {
+	if !c.spawn(func() {
 		defer close(keeperDone)
 		c.keepAlive(lctx, cancel, l, sent, every, stop)
-	}()
+	}) {
+		// Closed since the acquire: the lease can be neither kept nor
+		// released, and runs out on the server.
+		return c.broken()
+	}
 	ferr := fn(lctx, l)
 	close(stop)
 	<-keeperDone
@@ -100,24 +113,56 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 
 // keepAlive renews l every period until stop closes, and cancels with
 // ErrLeaseLost once the lease may be lost. sent is when the request that
-// last gave the lease its full TTL was sent.
+// last gave the lease its full TTL was sent. The renews are sent by one
+// goroutine, started here and ended before keepAlive returns.
 func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, l fencekv.Lease, sent time.Time, every time.Duration, stop <-chan struct{}) {
 	ttl := l.TTL
-	deadline := time.NewTimer(time.Until(sent.Add(ttl)))
-	defer deadline.Stop()
-	tick := time.NewTicker(every)
-	defer tick.Stop()
+	closed := func() {
+		cancel(fmt.Errorf("%w: no renew of %q (token %d) can be sent: %w", ErrLeaseLost, l.Name, l.Token, ErrClientClosed))
+	}
 	type renewed struct {
 		sent time.Time
 		err  error
 	}
+	// At most one renew is in flight: a request is sent on renew only
+	// when the last result has come back, so neither channel blocks.
+	renew := make(chan time.Time, 1)
 	results := make(chan renewed, 1)
+	rctx, rcancel := context.WithCancel(ctx)
+	renewerDone := make(chan struct{})
+	if !c.spawn(func() {
+		defer close(renewerDone)
+		for at := range renew {
+			actx, acancel := context.WithDeadline(rctx, at.Add(ttl))
+			_, err := c.Renew(actx, l.Name, l.Token)
+			acancel()
+			results <- renewed{at, err}
+		}
+	}) {
+		rcancel()
+		closed()
+		return
+	}
+	defer func() {
+		// A renew in flight is abandoned: what it would tell no longer
+		// matters.
+		rcancel()
+		close(renew)
+		<-renewerDone
+	}()
+	deadline := time.NewTimer(time.Until(sent.Add(ttl)))
+	defer deadline.Stop()
+	tick := time.NewTicker(every)
+	defer tick.Stop()
 	inflight := false
 	for {
 		select {
 		case <-stop:
 			return
 		case <-ctx.Done():
+			return
+		case <-c.closing:
+			closed()
 			return
 		case <-deadline.C:
 			cancel(fmt.Errorf("%w: no renew of %q (token %d) succeeded within its TTL of %v", ErrLeaseLost, l.Name, l.Token, ttl))
@@ -127,13 +172,7 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 				continue
 			}
 			inflight = true
-			at := time.Now()
-			go func() {
-				rctx, rcancel := context.WithDeadline(ctx, at.Add(ttl))
-				defer rcancel()
-				_, err := c.Renew(rctx, l.Name, l.Token)
-				results <- renewed{at, err}
-			}()
+			renew <- time.Now()
 		case r := <-results:
 			inflight = false
 			switch {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -177,4 +178,101 @@ func TestWithLock(t *testing.T) {
 			t.Fatalf("lock still held after the caller gave up: %+v", in)
 		}
 	})
+
+	t.Run("closing the client cancels fn, and Close waits for the renewing", func(t *testing.T) {
+		ts := startServer(t, nil)
+		c := dial(t, ts.Addr)
+		closeHeld := holdGoroutines(t, c)
+		var cause error
+		err := c.WithLock(ctx, "job", 10*time.Second, &wire.LockOptions{RenewEvery: 10 * time.Millisecond},
+			func(lctx context.Context, l fencekv.Lease) error {
+				// Once the keeper has started the renewer (the count
+				// may include a passing interrupt, which comes only
+				// after a renew)...
+				eventually(t, 10*time.Second, "the renewer to start", func() bool { return wire.Running(c) >= 2 })
+				// ... both end when the client is closed (and are held
+				// there), fn or no fn.
+				closeHeld(t, 2)
+				if lctx.Err() == nil {
+					t.Fatal("fn's context was not cancelled when the client was closed")
+				}
+				cause = context.Cause(lctx)
+				return nil
+			})
+		if !errors.Is(err, wire.ErrLeaseLost) || !errors.Is(err, wire.ErrClientClosed) || !errors.Is(cause, wire.ErrLeaseLost) {
+			t.Fatalf("WithLock = %v, cause %v; want ErrLeaseLost and ErrClientClosed", err, cause)
+		}
+		if err := c.WithLock(ctx, "job", time.Second, nil, func(context.Context, fencekv.Lease) error {
+			t.Error("fn called on a closed client")
+			return nil
+		}); !errors.Is(err, wire.ErrClientClosed) {
+			t.Fatalf("WithLock on a closed client = %v; want ErrClientClosed", err)
+		}
+	})
+
+	t.Run("a renew stuck on the server does not hold up WithLock or outlive it", func(t *testing.T) {
+		db, err := fencekv.Open(t.TempDir(), nil)
+		ok(t, err)
+		t.Cleanup(func() { db.Close() })
+		eng := &stallRenews{DB: db, stalled: make(chan struct{}, 1), unstall: make(chan struct{})}
+		_, addr, _ := serveEngine(t, eng, wire.DefaultConfig())
+		t.Cleanup(eng.let) // before the server shuts down
+		c := dial(t, addr)
+		done := make(chan error, 1)
+		go func() {
+			done <- c.WithLock(ctx, "job", 10*time.Second, &wire.LockOptions{RenewEvery: 5 * time.Millisecond, ReleaseTimeout: 100 * time.Millisecond},
+				func(context.Context, fencekv.Lease) error {
+					select {
+					case <-eng.stalled:
+					case <-time.After(10 * time.Second):
+						t.Error("no renew reached the server")
+						return nil
+					}
+					// Ticks keep coming while the renew is stuck: still
+					// the keeper and one renewer.
+					eventually(t, 10*time.Second, "the keeper and the renewer alone", func() bool { return wire.Running(c) == 2 })
+					return nil
+				})
+		}()
+		// The release is sent at once. A server that serves the lone
+		// renew on the connection's reading path (as this one does) reads
+		// nothing more meanwhile, and the release times out.
+		select {
+		case err := <-done:
+			if err != nil && !errors.Is(err, context.DeadlineExceeded) {
+				t.Fatalf("WithLock = %v; want nil, or the release timed out", err)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("WithLock did not return while a renew was stuck on the server")
+		}
+		eventually(t, 10*time.Second, "the client's goroutines to end", func() bool { return wire.Running(c) == 0 })
+		// Once the renew is let through, the release the client sent and
+		// gave up on is served.
+		eng.let()
+		eventually(t, 10*time.Second, "the lock to be released", func() bool {
+			in, err := db.LockInfo(ctx, "job")
+			return err == nil && !in.Held
+		})
+	})
+}
+
+// stallRenews serves a real store, except that a renew waits until unstall
+// is closed (saying so on stalled first): a renew that never comes back.
+type stallRenews struct {
+	*fencekv.DB
+	stalled chan struct{}
+	unstall chan struct{}
+	once    sync.Once
+}
+
+// let lets the renews through.
+func (s *stallRenews) let() { s.once.Do(func() { close(s.unstall) }) }
+
+func (s *stallRenews) Renew(ctx context.Context, name string, token fencekv.Token) (time.Duration, error) {
+	select {
+	case s.stalled <- struct{}{}:
+	default:
+	}
+	<-s.unstall
+	return s.DB.Renew(ctx, name, token)
 }

@@ -64,11 +64,8 @@ func TestPipelineRaw(t *testing.T) {
 // TestPipelineOutOfOrder has a blocked acquire in flight on a connection
 // while later requests on the same connection are answered first.
 func TestPipelineOutOfOrder(t *testing.T) {
-	ts := startServer(t, nil)
+	ts, holder, l := lockHeld(t, nil)
 	ctx := context.Background()
-	holder := dial(t, ts.Addr)
-	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
-	ok(t, err)
 
 	raw := dialRaw(t, ts.Addr)
 	raw.send(
@@ -133,11 +130,8 @@ func TestPipelineOutOfOrder(t *testing.T) {
 // its queued acquires with it: nobody is granted a lock for a caller that
 // is gone.
 func TestPipelineCloseDropsWaits(t *testing.T) {
-	ts := startServer(t, nil)
+	ts, holder, l := lockHeld(t, nil)
 	ctx := context.Background()
-	holder := dial(t, ts.Addr)
-	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
-	ok(t, err)
 
 	raw := dialRaw(t, ts.Addr)
 	raw.send(
@@ -218,11 +212,8 @@ func TestPipelineClientConcurrent(t *testing.T) {
 // are served by the read loop itself and take no slot; an acquire that may
 // wait always takes one.
 func TestPipelineInFlightLimitRaw(t *testing.T) {
-	ts := startServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2 })
+	ts, holder, l := lockHeld(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2 })
 	ctx := context.Background()
-	holder := dial(t, ts.Addr)
-	l, err := holder.Acquire(ctx, "L", 10*time.Second, nil)
-	ok(t, err)
 	raw := dialRaw(t, ts.Addr)
 	acq := []any{map[string]any{"lock": "L", "ttl_ms": 1000, "wait_ms": 60_000}}
 	raw.send([]any{0, 1, "acquire", acq}, []any{0, 2, "acquire", acq})

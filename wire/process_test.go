@@ -4,37 +4,34 @@ package wire_test
 
 import (
 	"bufio"
-	"bytes"
 	"context"
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"os"
 	"os/exec"
 	"strconv"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
 // The tests in this file run real processes on the real clock: a client
 // or a server is stopped with SIGSTOP, which no fake clock can stand in
-// for. The children are this test binary run again with FENCEKV_WIRE_HELPER
-// set; TestHelperClient and TestHelperServer are their bodies.
+// for. The children are this test binary run again (fencekvtest.Child);
+// TestHelperClient and TestHelperServer are their bodies.
 
 const (
-	envHelper = "FENCEKV_WIRE_HELPER" // set in children: run the helper body
-	envAddr   = "FENCEKV_WIRE_ADDR"   // client: the server to dial
-	envName   = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
-	envTTL    = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
-	envWait   = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
-	envDir    = "FENCEKV_WIRE_DIR"    // server: data dir
+	envAddr = "FENCEKV_WIRE_ADDR"   // client: the server to dial
+	envName = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
+	envTTL  = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
+	envWait = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
+	envDir  = "FENCEKV_WIRE_DIR"    // server: data dir
 
 	seedLock = "inventory"
 	seedKey  = "inventory/sku-1"
@@ -49,9 +46,7 @@ func say(format string, args ...any) {
 // lock, says its token, optionally waits for a line on stdin, then writes
 // its name to the key with its token and says what the server answered.
 func TestHelperClient(t *testing.T) {
-	if os.Getenv(envHelper) == "" {
-		t.Skip("the body of a child process of TestSeedScenarioProcesses")
-	}
+	fencekvtest.AsChild(t) // of TestSeedScenarioProcesses
 	ctx := context.Background()
 	name := os.Getenv(envName)
 	ttl, err := strconv.Atoi(os.Getenv(envTTL))
@@ -90,28 +85,15 @@ func TestHelperClient(t *testing.T) {
 // dir, listens on 127.0.0.1, says its address, and serves until stdin is
 // closed.
 func TestHelperServer(t *testing.T) {
-	if os.Getenv(envHelper) == "" {
-		t.Skip("the body of a child process of TestWithLockServerPaused")
-	}
+	fencekvtest.AsChild(t) // of TestWithLockServerPaused
 	db, err := fencekv.Open(os.Getenv(envDir), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer db.Close()
-	srv, err := wire.NewServer(db, wire.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	say("addr %s", ln.Addr())
+	t.Cleanup(func() { db.Close() }) // after the server has shut down
+	_, addr := fencekvtest.ServeEngine(t, db, wire.DefaultConfig())
+	say("addr %s", addr)
 	io.Copy(io.Discard, os.Stdin)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer cancel()
-	srv.Shutdown(ctx)
 }
 
 // child is a helper process. Cleanup resumes it if it is stopped, kills
@@ -124,15 +106,12 @@ type child struct {
 	lines  chan string   // its stdout, line by line; closed at EOF
 	exited chan struct{} // closed once it has been reaped
 	err    error         // its exit status, once exited is closed
-
-	mu     sync.Mutex // guards stderr
-	stderr bytes.Buffer
+	stderr fencekvtest.Buffer
 }
 
 func startChild(t *testing.T, name, body string, env ...string) *child {
 	t.Helper()
-	cmd := exec.Command(os.Args[0], "-test.run=^"+body+"$", "-test.count=1", "-test.timeout=2m")
-	cmd.Env = append(os.Environ(), append([]string{envHelper + "=1"}, env...)...)
+	cmd := fencekvtest.Child(body, nil, env...)
 	c := &child{t: t, name: name, cmd: cmd, lines: make(chan string, 100), exited: make(chan struct{})}
 	stdin, err := cmd.StdinPipe()
 	if err != nil {
@@ -143,7 +122,7 @@ func startChild(t *testing.T, name, body string, env ...string) *child {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cmd.Stderr = lockedWriter{&c.mu, &c.stderr}
+	cmd.Stderr = &c.stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -173,17 +152,6 @@ func startChild(t *testing.T, name, body string, env ...string) *child {
 	return c
 }
 
-type lockedWriter struct {
-	mu *sync.Mutex
-	w  io.Writer
-}
-
-func (w lockedWriter) Write(p []byte) (int, error) {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.w.Write(p)
-}
-
 // expect returns the rest of the child's next "helper: <prefix>" line,
 // logging other output, and fails the test if none comes within d.
 func (c *child) expect(prefix string, d time.Duration) string {
@@ -193,22 +161,16 @@ func (c *child) expect(prefix string, d time.Duration) string {
 		select {
 		case line, open := <-c.lines:
 			if !open {
-				c.t.Fatalf("%s exited before saying %q; stderr:\n%s", c.name, prefix, c.stderrText())
+				c.t.Fatalf("%s exited before saying %q; stderr:\n%s", c.name, prefix, c.stderr.String())
 			}
 			if rest, found := strings.CutPrefix(line, "helper: "+prefix); found {
 				return strings.TrimSpace(rest)
 			}
 			c.t.Logf("%s: %s", c.name, line)
 		case <-timeout:
-			c.t.Fatalf("%s did not say %q within %v; stderr:\n%s", c.name, prefix, d, c.stderrText())
+			c.t.Fatalf("%s did not say %q within %v; stderr:\n%s", c.name, prefix, d, c.stderr.String())
 		}
 	}
-}
-
-func (c *child) stderrText() string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.stderr.String()
 }
 
 func (c *child) signal(sig syscall.Signal) {
@@ -229,7 +191,7 @@ func (c *child) wait(d time.Duration) {
 	select {
 	case <-c.exited:
 		if c.err != nil {
-			c.t.Fatalf("%s exited with %v; stderr:\n%s", c.name, c.err, c.stderrText())
+			c.t.Fatalf("%s exited with %v; stderr:\n%s", c.name, c.err, c.stderr.String())
 		}
 	case <-time.After(d):
 		c.t.Fatalf("%s did not exit within %v", c.name, d)

@@ -5,10 +5,9 @@ import (
 	"context"
 	"errors"
 	"log/slog"
-	"net"
 	"strconv"
 	"strings"
-	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -17,42 +16,16 @@ import (
 	"github.com/fencekv/fencekv/wire"
 )
 
-// logRecorder is a slog.Handler that keeps the messages logged at Error
-// and above. The server logs a recovered panic at Error, so a test server
-// whose recorder is not empty at the end has hit a bug.
+// logRecorder keeps the messages a test server logs at Error and above.
+// The server logs a recovered panic at Error, so a test server whose
+// recorder is not empty at the end has hit a bug, unless the test expects
+// errors (it provokes a panic on purpose).
 type logRecorder struct {
-	mu    sync.Mutex // guards msgs, allow
-	msgs  []string
-	allow bool // the test expects errors (it provokes a panic on purpose)
+	*fencekvtest.Logs
+	allow atomic.Bool
 }
 
-func (h *logRecorder) Enabled(_ context.Context, l slog.Level) bool { return l >= slog.LevelError }
-func (h *logRecorder) WithAttrs([]slog.Attr) slog.Handler           { return h }
-func (h *logRecorder) WithGroup(string) slog.Handler                { return h }
-func (h *logRecorder) Handle(_ context.Context, r slog.Record) error {
-	var b strings.Builder
-	b.WriteString(r.Message)
-	r.Attrs(func(a slog.Attr) bool {
-		b.WriteString(" " + a.String())
-		return true
-	})
-	h.mu.Lock()
-	h.msgs = append(h.msgs, b.String())
-	h.mu.Unlock()
-	return nil
-}
-
-func (h *logRecorder) logged() []string {
-	h.mu.Lock()
-	defer h.mu.Unlock()
-	return append([]string(nil), h.msgs...)
-}
-
-func (h *logRecorder) expectErrors() {
-	h.mu.Lock()
-	h.allow = true
-	h.mu.Unlock()
-}
+func (h *logRecorder) expectErrors() { h.allow.Store(true) }
 
 // testServer is a wire server in this process, listening on 127.0.0.1
 // with its store in a temp dir.
@@ -95,34 +68,16 @@ func startServer(tb testing.TB, edit func(*fencekv.Options, *wire.Config)) *test
 // have.
 func serveEngine(tb testing.TB, eng wire.Engine, cfg wire.Config) (*wire.Server, string, *logRecorder) {
 	tb.Helper()
-	logs := &logRecorder{}
+	logs := &logRecorder{Logs: fencekvtest.NewLogs(slog.LevelError)}
 	cfg.Logger = slog.New(logs)
-	srv, err := wire.NewServer(eng, cfg)
-	if err != nil {
-		tb.Fatalf("new server: %v", err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatalf("listen: %v", err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ln) }()
+	// Registered first, so run last: once the server has shut down.
 	tb.Cleanup(func() {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		if err := srv.Shutdown(ctx); err != nil {
-			tb.Errorf("shutdown: %v", err)
-		}
-		if err := <-served; !errors.Is(err, wire.ErrServerClosed) {
-			tb.Errorf("Serve returned %v; want ErrServerClosed", err)
-		}
-		logs.mu.Lock()
-		defer logs.mu.Unlock()
-		if !logs.allow && len(logs.msgs) > 0 {
-			tb.Errorf("server logged errors:\n%s", strings.Join(logs.msgs, "\n"))
+		if msgs := logs.Messages(); !logs.allow.Load() && len(msgs) > 0 {
+			tb.Errorf("server logged errors:\n%s", strings.Join(msgs, "\n"))
 		}
 	})
-	return srv, ln.Addr().String(), logs
+	srv, addr := fencekvtest.ServeEngine(tb, eng, cfg)
+	return srv, addr, logs
 }
 
 // dial connects a client that is closed when the test ends.
@@ -160,18 +115,7 @@ func wantCode(tb testing.TB, err error, code fencekv.Code) *fencekv.Error {
 }
 
 // eventually polls cond until it holds, failing the test after within.
-// It is for waits on another goroutine, process or the real clock that
-// have nothing to wait on but the server's state.
-func eventually(tb testing.TB, within time.Duration, what string, cond func() bool) {
-	tb.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			tb.Fatalf("timed out after %v waiting for %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
+var eventually = fencekvtest.Eventually
 
 // waiters reports how many callers are queued for lock, read straight from
 // the engine.
@@ -765,7 +709,7 @@ func TestErrorCodes(t *testing.T) {
 		if fe := wantCode(t, err, fencekv.CodeInternal); !strings.Contains(fe.Message, "get") {
 			t.Errorf("internal error message %q", fe.Message)
 		}
-		if msgs := logs.logged(); len(msgs) != 1 || !strings.Contains(msgs[0], "panic") {
+		if msgs := logs.Messages(); len(msgs) != 1 || !strings.Contains(msgs[0], "panic") {
 			t.Errorf("logged %q; want the recovered panic", msgs)
 		}
 		// The connection survives the panic.

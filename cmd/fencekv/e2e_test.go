@@ -6,7 +6,6 @@ package main
 // and exit status.
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
@@ -14,7 +13,6 @@ import (
 	"net"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -25,6 +23,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -36,46 +35,20 @@ func TestMain(m *testing.M) {
 }
 
 func buildAndRun(m *testing.M) int {
-	dir, err := os.MkdirTemp("", "fencekv-e2e-")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, err)
+	var remove func()
+	var err error
+	if bin, remove, err = fencekvtest.Build(".", "fencekv"); err != nil {
+		fmt.Fprintln(os.Stderr, "e2e:", err)
 		return 1
 	}
-	defer os.RemoveAll(dir)
-	bin = filepath.Join(dir, "fencekv")
-	// go test puts its own GOROOT/bin first on PATH.
-	gobin, err := exec.LookPath("go")
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "e2e: no go command to build the binary:", err)
-		return 1
-	}
-	build := exec.Command(gobin, "build", "-o", bin, ".")
-	if out, err := build.CombinedOutput(); err != nil {
-		fmt.Fprintf(os.Stderr, "e2e: go build: %v\n%s", err, out)
-		return 1
-	}
+	defer remove()
 	return m.Run()
 }
 
 // --- processes -----------------------------------------------------------
 
 // logBuffer collects a process's output; safe for concurrent use.
-type logBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *logBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *logBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
+type logBuffer = fencekvtest.Buffer
 
 // server is a running 'fencekv serve' process.
 type server struct {
@@ -301,16 +274,8 @@ func decodeJSON(t *testing.T, s string) map[string]any {
 
 // --- assertions ----------------------------------------------------------
 
-func waitFor(t *testing.T, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("gave up after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+// waitFor polls cond until it holds, failing the test after timeout.
+var waitFor = fencekvtest.Eventually
 
 func wantEqual[T comparable](t *testing.T, what string, got, want T) {
 	t.Helper()

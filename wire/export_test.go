@@ -1,0 +1,18 @@
+package wire
+
+// Running reports how many of the goroutines c started are running: the
+// release of a late grant, WithLock's keeper and renewer, the interrupt of
+// a reader whose context ended. Close waits for them all, so it is 0 once
+// Close has returned.
+func Running(c *Client) int { return int(c.running.Load()) }
+
+// HoldEnding makes each goroutine that c starts from now on (the
+// interrupts aside), once its work is done, send on arrived and wait until
+// release is closed: a test can so hold them past Close and see that Close
+// waits. Call it before the calls that start them.
+func HoldEnding(c *Client, arrived chan<- struct{}, release <-chan struct{}) {
+	c.ending = func() {
+		arrived <- struct{}{}
+		<-release
+	}
+}
