@@ -305,11 +305,13 @@ func TestWithLockServerPaused(t *testing.T) {
 	if !errors.Is(err, wire.ErrLeaseLost) || !errors.Is(cause, wire.ErrLeaseLost) {
 		t.Fatalf("WithLock = %v, cause %v; want ErrLeaseLost", err, cause)
 	}
-	// The last renew that got through was sent at most two periods before
-	// the stop (the one in flight at the stop may be lost), so the client
-	// gives up between TTL-2*every and TTL after the stop; allow for timer
-	// and scheduling slack above.
-	if lostAfter < ttl-2*every-50*time.Millisecond || lostAfter > ttl+time.Second {
+	// The client measures the lease from the send of the last renew that
+	// got through, so it gives up at most TTL after the stop (plus timer
+	// and scheduling slack): never later than the server could expire the
+	// lease. It may give up earlier when renews were slow to come back on
+	// a loaded machine (it renews one at a time): that is safe, and what
+	// matters above is that it held on while the server ran.
+	if lostAfter < ttl/4 || lostAfter > ttl+time.Second {
 		t.Fatalf("cancelled %v after the server stopped; want about %v", lostAfter, ttl)
 	}
 	t.Logf("cancelled %v after SIGSTOP (TTL %v, renew every %v): %v", lostAfter, ttl, every, cause)
