@@ -164,6 +164,102 @@ func (m *model) write(w modelWrite) writeOutcome {
 	return out
 }
 
+// txn applies a transaction to the model: bad input, the lock, every
+// key's fence as before the txn, the compares, the integers; then every op
+// at one revision.
+func (m *model) txn(compares []fencekv.Compare, ops []modelWrite, w modelWrite) ([]fencekv.TxnResult, *fencekv.Error) {
+	if w.strict && w.token == 0 || w.lock != "" && w.token == 0 {
+		return nil, refusal(fencekv.CodeBadRequest)
+	}
+	if w.lock != "" {
+		if err := m.checkHolder(w.lock, w.token); err != nil {
+			return nil, err
+		}
+	}
+	seen := map[string]bool{}
+	for _, op := range ops {
+		if seen[op.key] {
+			continue
+		}
+		seen[op.key] = true
+		var fence fencekv.Token
+		if k := m.keys[op.key]; k != nil {
+			fence = k.fence
+		}
+		if w.token < fence || w.strict && w.token == fence {
+			return nil, &fencekv.Error{Code: fencekv.CodeStaleToken, Fence: fence, Key: op.key}
+		}
+	}
+	for _, c := range compares {
+		var rev fencekv.Revision
+		if k := m.keys[string(c.Key)]; k != nil && k.live {
+			rev = k.rev
+		}
+		if rev != c.Revision {
+			return nil, &fencekv.Error{Code: fencekv.CodeCompareFailed, Revision: rev, Key: string(c.Key)}
+		}
+	}
+	// The integers, with the txn's earlier writes in view.
+	vals := map[string]*modelKey{}
+	for _, op := range ops {
+		v, ok := vals[op.key]
+		if !ok {
+			v = &modelKey{}
+			if k := m.keys[op.key]; k != nil {
+				*v = *k
+			}
+			vals[op.key] = v
+		}
+		switch op.op {
+		case fencekv.OpPut:
+			v.live, v.value = true, op.value
+		case fencekv.OpDelete:
+			v.live, v.value = false, ""
+		case fencekv.OpIncr:
+			var n int64
+			if v.live {
+				var err error
+				if n, err = strconv.ParseInt(v.value, 10, 64); err != nil {
+					return nil, &fencekv.Error{Code: fencekv.CodeNotInteger, Key: op.key}
+				}
+			}
+			sum := n + op.delta
+			if (op.delta > 0 && sum < n) || (op.delta < 0 && sum > n) {
+				return nil, &fencekv.Error{Code: fencekv.CodeNotInteger, Key: op.key}
+			}
+			v.live, v.value = true, strconv.FormatInt(sum, 10)
+		}
+	}
+	m.rev++
+	out := make([]fencekv.TxnResult, len(ops))
+	for i, op := range ops {
+		var cur modelKey
+		if k := m.keys[op.key]; k != nil {
+			cur = *k
+		}
+		fence := max(cur.fence, w.token)
+		r := fencekv.TxnResult{Key: []byte(op.key), Fence: fence, Revision: m.rev}
+		switch op.op {
+		case fencekv.OpDelete:
+			r.Deleted = cur.live
+			if cur.live || w.token != 0 {
+				*m.key(op.key) = modelKey{fence: fence, rev: m.rev}
+			}
+		case fencekv.OpPut:
+			*m.key(op.key) = modelKey{live: true, value: op.value, fence: fence, rev: m.rev}
+		case fencekv.OpIncr:
+			var n int64
+			if cur.live {
+				n, _ = strconv.ParseInt(cur.value, 10, 64)
+			}
+			r.Int = n + op.delta
+			*m.key(op.key) = modelKey{live: true, value: strconv.FormatInt(r.Int, 10), fence: fence, rev: m.rev}
+		}
+		out[i] = r
+	}
+	return out, nil
+}
+
 func (m *model) acquire(name string, ttl, delay time.Duration, holder string) (fencekv.Lease, *fencekv.Error) {
 	if l, held := m.held(name); held {
 		return fencekv.Lease{}, &fencekv.Error{Code: fencekv.CodeLockHeld, Holder: l.holder, Token: l.token, RetryAfter: l.deadline - m.now}
@@ -354,6 +450,49 @@ func TestPropertyModel(t *testing.T) {
 				tok := genToken(t, m, name)
 				sameRefusal(t, "release "+name, db.Release(ctx, name, tok), m.release(name, tok))
 			},
+			"txn": func(t *rapid.T) {
+				w := genWrite(t, fencekv.OpTxn)
+				var ops []modelWrite
+				var tops []fencekv.TxnOp
+				for range rapid.IntRange(1, 3).Draw(t, "ops") {
+					op := modelWrite{op: rapid.SampledFrom([]fencekv.Op{fencekv.OpPut, fencekv.OpDelete, fencekv.OpIncr}).Draw(t, "txn op"),
+						key: rapid.SampledFrom(propKeys).Draw(t, "txn key")}
+					switch op.op {
+					case fencekv.OpPut:
+						op.value = rapid.SampledFrom(propValues).Draw(t, "txn value")
+					case fencekv.OpIncr:
+						op.delta = rapid.SampledFrom(propDeltas).Draw(t, "txn delta")
+					}
+					ops = append(ops, op)
+					tops = append(tops, fencekv.TxnOp{Op: op.op, Key: []byte(op.key), Value: []byte(op.value), Delta: op.delta})
+				}
+				var compares []fencekv.Compare
+				for range rapid.IntRange(0, 2).Draw(t, "compares") {
+					key := rapid.SampledFrom(propKeys).Draw(t, "compare key")
+					var rev fencekv.Revision
+					if k := m.keys[key]; k != nil && k.live && rapid.Bool().Draw(t, "compare current") {
+						rev = k.rev
+					} else if rapid.Bool().Draw(t, "compare other") {
+						rev = fencekv.Revision(rapid.Uint64Range(1, uint64(m.rev)+1).Draw(t, "compare revision"))
+					}
+					compares = append(compares, fencekv.Compare{Key: []byte(key), Revision: rev})
+				}
+				rev, rs, err := db.Txn(ctx, compares, tops, wopts(w))
+				want, werr := m.txn(compares, ops, w)
+				sameRefusal(t, "txn", err, werr)
+				if werr != nil {
+					return
+				}
+				if rev != m.rev || len(rs) != len(want) {
+					t.Fatalf("txn = revision %d, %d results; model says %d, %d", rev, len(rs), m.rev, len(want))
+				}
+				for i := range rs {
+					if string(rs[i].Key) != string(want[i].Key) || rs[i].Fence != want[i].Fence || rs[i].Revision != want[i].Revision ||
+						rs[i].Deleted != want[i].Deleted || rs[i].Int != want[i].Int {
+						t.Fatalf("txn op %d = %+v; model says %+v", i, rs[i], want[i])
+					}
+				}
+			},
 			"advance": func(t *rapid.T) {
 				d := rapid.SampledFrom(propSteps).Draw(t, "step")
 				clock.Advance(d)
@@ -406,7 +545,7 @@ func TestPropertyModel(t *testing.T) {
 		// Writes and lock commands weigh more than clock steps. rapid's
 		// own Repeat averages 30 steps; longer runs reach lock-delays,
 		// renewals of old grants and fences raised by made-up tokens.
-		names := []string{"put", "put", "delete", "cas", "incr", "incr", "acquire", "acquire", "renew", "release", "advance", "advance"}
+		names := []string{"put", "put", "delete", "cas", "incr", "incr", "txn", "acquire", "acquire", "renew", "release", "advance", "advance"}
 		steps := rapid.IntRange(1, 100).Draw(t, "steps")
 		for i := 0; i < steps; i++ {
 			actions[rapid.SampledFrom(names).Draw(t, "action")](t)
