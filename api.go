@@ -352,3 +352,12 @@ func StaleReads(ctx context.Context) bool {
 	v, _ := ctx.Value(staleKey{}).(bool)
 	return v
 }
+
+// Watch starts a watcher of the keys (and, with o.Locks, the locks) whose
+// names start with o.Prefix: every change after it is durable, in revision
+// order, from o.StartRevision if it is still in the history window (else
+// ErrCompacted with the oldest revision kept). Close it when done; it
+// ends with ErrWatchCancelled if it falls behind, or when the DB closes.
+func (db *DB) Watch(ctx context.Context, o WatchOptions) (*Watcher, error) {
+	return db.hub.watch(o)
+}

@@ -30,6 +30,7 @@ type DB struct {
 	epoch time.Time
 
 	refusals *RefusalLog
+	hub      *hub // watchers and the history window
 
 	// m is the state machine. Its write side is used by the batch leader
 	// only (and by Open and Close, before and after any leader).
@@ -122,6 +123,14 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
 	db.lastCkpt = time.Now()
+	var st Status
+	if err := m.Counters(&st); err != nil {
+		m.Close()
+		log.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	db.hub = newHub(o.WatchHistory, st.Revision+1)
+	m.sink = db.hub.publish
 	rearm := Command{Op: OpRearm}
 	if tail.Torn {
 		floor, err := db.tokenFloor(logPath, tail)
@@ -159,6 +168,7 @@ func (db *DB) Close() error {
 		}
 		db.qmu.Unlock()
 		db.drainWaiters()
+		db.hub.close()
 		close(db.stop)
 		db.wg.Wait()
 		var ckpt error

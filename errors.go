@@ -35,21 +35,23 @@ const (
 	CodeNotLeader     = fence.CodeNotLeader
 	CodeLimitExceeded = fence.CodeLimitExceeded
 	CodeInternal      = fence.CodeInternal
+	CodeCompacted     = fence.CodeCompacted
 )
 
 // Sentinels for errors.Is; each matches every refusal with its code.
 var (
-	ErrStaleToken    = fence.ErrStaleToken    // is returned when a write's token is below the key's fence
-	ErrNotHolder     = fence.ErrNotHolder     // is returned when the named lock is not held by the token
-	ErrLeaseExpired  = fence.ErrLeaseExpired  // is returned when the token's lease has run out
-	ErrLockHeld      = fence.ErrLockHeld      // is returned when an acquire cannot be granted now
-	ErrCompareFailed = fence.ErrCompareFailed // is returned when a cas finds another revision
-	ErrNotInteger    = fence.ErrNotInteger    // is returned when incr finds a non-integer or overflows
-	ErrTooLarge      = fence.ErrTooLarge      // is returned when a key or value is over its limit
-	ErrBadRequest    = fence.ErrBadRequest    // is returned when arguments are missing or out of range
-	ErrUnavailable   = fence.ErrUnavailable   // is returned when the DB is closed or failed
-	ErrLimitExceeded = fence.ErrLimitExceeded // is returned when a limit such as MaxWaiters is reached
-	ErrInternal      = fence.ErrInternal      // is returned when a bug (a recovered panic) failed the request
+	ErrStaleToken    = fence.ErrStaleToken         // is returned when a write's token is below the key's fence
+	ErrNotHolder     = fence.ErrNotHolder          // is returned when the named lock is not held by the token
+	ErrLeaseExpired  = fence.ErrLeaseExpired       // is returned when the token's lease has run out
+	ErrLockHeld      = fence.ErrLockHeld           // is returned when an acquire cannot be granted now
+	ErrCompareFailed = fence.ErrCompareFailed      // is returned when a cas finds another revision
+	ErrNotInteger    = fence.ErrNotInteger         // is returned when incr finds a non-integer or overflows
+	ErrTooLarge      = fence.ErrTooLarge           // is returned when a key or value is over its limit
+	ErrBadRequest    = fence.ErrBadRequest         // is returned when arguments are missing or out of range
+	ErrUnavailable   = fence.ErrUnavailable        // is returned when the DB is closed or failed
+	ErrLimitExceeded = fence.ErrLimitExceeded      // is returned when a limit such as MaxWaiters is reached
+	ErrInternal      = fence.ErrInternal           // is returned when a bug (a recovered panic) failed the request
+	ErrCompacted     = &Error{Code: CodeCompacted} // is returned when a watch starts before the history kept
 )
 
 // ErrLocked is returned by Open when another process has the data dir open.

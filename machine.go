@@ -56,6 +56,11 @@ type Machine struct {
 	// panic in it is a panic in apply.
 	hook func(*Command)
 
+	// sink, if set, receives the events of each published batch, in
+	// order (watch.go); events holds the open batch's.
+	sink   func([]Event)
+	events []Event
+
 	gmu    sync.Mutex        // guards grants and order (the refusal log reads them)
 	grants map[Token]grantee // the latest grants: token -> lock and holder
 	order  [maxGrants]Token  // grants' tokens, oldest first from gnext (a ring)
@@ -156,6 +161,7 @@ func (m *Machine) Apply(c *Command) (res Result, err error) {
 // fail discards the open batch and fails the machine with err.
 func (m *Machine) fail(err error) error {
 	m.store.Abort()
+	m.events = m.events[:0]
 	m.failed = err
 	return err
 }
@@ -176,6 +182,8 @@ func isRefusal(err error) bool {
 // apply is the state machine's one transition function. A refused
 // command changes nothing: every check comes before the first write.
 func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
+	var expired Token
+	defer func() { m.recordEvents(tx, c, &r, expired) }()
 	leases := m.leases
 	switch c.Op {
 	case OpPut, OpDelete, OpCAS, OpIncr, OpTxn:
@@ -212,9 +220,17 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 			r.Noop = true
 			return r
 		}
+		before, live, err := leases.Lease(tx, c.Lease.Name)
+		if err != nil {
+			r.Err = err
+			return r
+		}
 		var changed bool
 		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
 		r.Noop = !changed
+		if changed && live && !before.Expired {
+			expired = before.Token // the lease ran out now
+		}
 	case OpTxn:
 		r.Txn, r.Err = applyTxn(tx, c)
 	case OpRearm:
@@ -237,6 +253,10 @@ func (m *Machine) Publish(index uint64) {
 	}
 	m.store.Publish()
 	m.applied = index
+	if len(m.events) > 0 {
+		m.sink(m.events)
+		m.events = nil
+	}
 }
 
 // Checkpoint writes every published batch to the data file, with the

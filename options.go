@@ -31,6 +31,7 @@ type Options struct {
 	MaxBatch     int           // most commands in one transaction
 	MaxRefusals  int           // refused fenced writes the refusal log keeps
 	MaxTxnOps    int           // most ops (and most compares) in one txn
+	WatchHistory int           // events kept for watchers to resume from (the history window)
 
 	// CheckpointEvery and CheckpointBytes say how often the data file is
 	// brought up to date with the write-ahead log (and the log emptied):
@@ -54,6 +55,7 @@ func DefaultOptions() Options {
 		MaxBatch:     1024,
 		MaxRefusals:  10_000,
 		MaxTxnOps:    128,
+		WatchHistory: 10_000,
 
 		CheckpointEvery: 200 * time.Millisecond,
 		CheckpointBytes: 16 << 20,
@@ -62,7 +64,7 @@ func DefaultOptions() Options {
 
 func (o *Options) validate() error {
 	switch {
-	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0, o.MaxTxnOps <= 0:
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0, o.MaxTxnOps <= 0, o.WatchHistory <= 0:
 		return errors.New("fencekv: size limits must be positive")
 	case o.MaxKeySize > kv.MaxKeySize:
 		// A key or lock name the storage cannot hold would fail in the

@@ -26,6 +26,7 @@ const (
 	CodeNotLeader     Code = "not_leader"     // in a cluster, this node is not the leader; Leader is set if known
 	CodeLimitExceeded Code = "limit_exceeded" // a server-side limit (connections, in-flight requests, waiters) is reached
 	CodeInternal      Code = "internal"       // a bug: the server recovered from a panic while serving the request
+	CodeCompacted     Code = "compacted"      // a watch asked for a revision older than the history kept; Revision is the oldest kept
 )
 
 // Error is a refusal: a stable Code plus the facts a caller needs to act on

@@ -393,6 +393,9 @@ func (m *Manager) index(name string, r *Record) {
 	}
 }
 
+// Lease returns the lock's record as stored, and whether there is one.
+func (m *Manager) Lease(st Store, name string) (Record, bool, error) { return load(st, name) }
+
 // Info describes the lock name at now. It reads only, so it may run in a
 // read-only transaction concurrently with the batch leader.
 func (m *Manager) Info(st Store, now time.Duration, name string) (Info, error) {

@@ -1,0 +1,248 @@
+package fencekv
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"sync"
+
+	"github.com/fencekv/fencekv/kv"
+)
+
+// Watch: subscribers get the changes to keys (and, if they ask, locks) in
+// revision order, after they are durable, never twice and never with a
+// gap, resuming from a revision still in the history window.
+//
+// The machine records an event for every change it applies; when a batch
+// is published (durable), its events go into the history ring and to every
+// watcher, in the same step, under one lock: a watcher that starts from a
+// revision gets the history from there and then every later batch, with
+// nothing in between and nothing twice. Lock events (acquired, released,
+// expired) do not advance the store's revision: they carry the revision
+// current when they happened, after the key events of that revision.
+//
+// A watcher that does not keep up is cancelled (ErrWatchCancelled) rather
+// than hold up writes: its buffer is bounded, and writers never wait for
+// it.
+
+// Event is one change, as a watcher sees it.
+type Event struct {
+	Type     string // put, delete; acquired, released, expired
+	Key      []byte // put, delete
+	Value    []byte // put: the value written
+	Fence    Token  // put, delete: the key's fence after the change
+	Revision Revision
+	Lock     string // lock events
+	Token    Token  // lock events: the token granted, released or expired
+}
+
+// WatchOptions select what a watcher sees.
+type WatchOptions struct {
+	Prefix []byte // keys that start with it (all keys if empty)
+	Locks  bool   // also lock events, for lock names that start with Prefix
+	// StartRevision replays the kept events from this revision on
+	// (inclusive); 0 means from now. Older than the history window:
+	// ErrCompacted, with the oldest revision kept.
+	StartRevision Revision
+	// Buffer is how many batches of events may wait for the watcher
+	// before it is cancelled as too slow (0: 256).
+	Buffer int
+}
+
+// ErrWatchCancelled is returned by Watcher.Err when the watcher fell
+// behind (its buffer filled) or the store closed.
+var ErrWatchCancelled = errors.New("fencekv: watch cancelled")
+
+// Watcher receives events.
+type Watcher struct {
+	o      WatchOptions
+	ch     chan []Event
+	h      *hub
+	mu     sync.Mutex // guards err, closed
+	err    error
+	closed bool
+}
+
+// Events delivers batches of events in revision order. It is closed when
+// the watcher ends; Err says why.
+func (w *Watcher) Events() <-chan []Event { return w.ch }
+
+// Err is why the watcher ended: nil while it runs or after Close.
+func (w *Watcher) Err() error {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	return w.err
+}
+
+// Close stops the watcher. It is safe to call more than once.
+func (w *Watcher) Close() {
+	w.h.mu.Lock()
+	defer w.h.mu.Unlock()
+	w.end(nil)
+}
+
+// end closes the watcher with err. Called with h.mu held.
+func (w *Watcher) end(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if w.closed {
+		return
+	}
+	w.closed, w.err = true, err
+	delete(w.h.watchers, w)
+	close(w.ch)
+}
+
+func (w *Watcher) wants(e *Event) bool {
+	switch e.Type {
+	case "acquired", "released", "expired":
+		return w.o.Locks && bytes.HasPrefix([]byte(e.Lock), w.o.Prefix)
+	}
+	return bytes.HasPrefix(e.Key, w.o.Prefix)
+}
+
+func (w *Watcher) filter(es []Event) []Event {
+	var out []Event
+	for i := range es {
+		if w.wants(&es[i]) {
+			out = append(out, es[i])
+		}
+	}
+	return out
+}
+
+// hub keeps the history window and the watchers.
+type hub struct {
+	mu       sync.Mutex // guards all below
+	hist     []Event    // ring of the latest events
+	head, n  int        // oldest event at hist[head]; n events held
+	floor    Revision   // every event at or after floor is held
+	watchers map[*Watcher]struct{}
+	closed   bool
+}
+
+func newHub(size int, next Revision) *hub {
+	return &hub{hist: make([]Event, max(size, 1)), floor: next, watchers: map[*Watcher]struct{}{}}
+}
+
+// publish adds a durable batch's events to the history and hands them to
+// every watcher. A watcher whose buffer is full is cancelled.
+func (h *hub) publish(es []Event) {
+	if len(es) == 0 {
+		return
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, e := range es {
+		if h.n == len(h.hist) {
+			// Evict the oldest: events of its revision are no longer
+			// all held.
+			h.floor = max(h.floor, h.hist[h.head].Revision+1)
+			h.head = (h.head + 1) % len(h.hist)
+			h.n--
+		}
+		h.hist[(h.head+h.n)%len(h.hist)] = e
+		h.n++
+	}
+	for w := range h.watchers {
+		batch := w.filter(es)
+		if len(batch) == 0 {
+			continue
+		}
+		select {
+		case w.ch <- batch:
+		default:
+			w.end(fmt.Errorf("%w: it fell %d batches behind", ErrWatchCancelled, cap(w.ch)))
+		}
+	}
+}
+
+// watch starts a watcher, replaying the history from o.StartRevision.
+func (h *hub) watch(o WatchOptions) (*Watcher, error) {
+	if o.Buffer <= 0 {
+		o.Buffer = 256
+	}
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return nil, errClosed
+	}
+	w := &Watcher{o: o, ch: make(chan []Event, o.Buffer), h: h}
+	if o.StartRevision != 0 {
+		if o.StartRevision < h.floor {
+			return nil, &Error{Code: CodeCompacted, Revision: h.floor,
+				Message: fmt.Sprintf("revision %d is no longer kept; the oldest kept is %d", o.StartRevision, h.floor)}
+		}
+		var replay []Event
+		for i := range h.n {
+			e := &h.hist[(h.head+i)%len(h.hist)]
+			if e.Revision >= o.StartRevision && w.wants(e) {
+				replay = append(replay, *e)
+			}
+		}
+		if len(replay) > 0 {
+			w.ch <- replay
+		}
+	}
+	h.watchers[w] = struct{}{}
+	return w, nil
+}
+
+// close ends every watcher.
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.closed = true
+	for w := range h.watchers {
+		w.end(fmt.Errorf("%w: the store closed", ErrWatchCancelled))
+	}
+}
+
+// recordEvents adds to the open batch the events of c, which was applied
+// with result r. Called by apply.
+func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) {
+	if m.sink == nil || r.Err != nil || r.Noop {
+		return
+	}
+	n := len(m.events)
+	defer func() {
+		// The events outlive the request: they own their bytes.
+		for i := n; i < len(m.events); i++ {
+			e := &m.events[i]
+			b := make([]byte, len(e.Key)+len(e.Value))
+			copy(b, e.Key)
+			copy(b[len(e.Key):], e.Value)
+			e.Key, e.Value = b[:len(e.Key):len(e.Key)], b[len(e.Key):]
+		}
+	}()
+	switch c.Op {
+	case OpPut, OpCAS, OpIncr:
+		v := c.Value
+		if c.Op == OpIncr {
+			v = []byte(fmt.Sprint(r.Int))
+		}
+		m.events = append(m.events, Event{Type: "put", Key: c.Key, Value: v, Fence: r.Entry.Fence, Revision: r.Entry.Revision})
+	case OpDelete:
+		m.events = append(m.events, Event{Type: "delete", Key: c.Key, Fence: r.Entry.Fence, Revision: r.Entry.Revision})
+	case OpTxn:
+		for i, op := range c.Ops {
+			res := r.Txn[i]
+			switch op.Op {
+			case OpDelete:
+				m.events = append(m.events, Event{Type: "delete", Key: op.Key, Fence: res.Fence, Revision: res.Revision})
+			case OpIncr:
+				m.events = append(m.events, Event{Type: "put", Key: op.Key, Value: []byte(fmt.Sprint(res.Int)), Fence: res.Fence, Revision: res.Revision})
+			default:
+				m.events = append(m.events, Event{Type: "put", Key: op.Key, Value: op.Value, Fence: res.Fence, Revision: res.Revision})
+			}
+		}
+	case OpAcquire:
+		m.events = append(m.events, Event{Type: "acquired", Lock: c.Lease.Name, Token: r.Grant.Token, Revision: tx.Revision()})
+	case OpRelease:
+		m.events = append(m.events, Event{Type: "released", Lock: c.Lease.Name, Token: c.Token, Revision: tx.Revision()})
+	case OpExpire:
+		if expired != 0 {
+			m.events = append(m.events, Event{Type: "expired", Lock: c.Lease.Name, Token: expired, Revision: tx.Revision()})
+		}
+	}
+}

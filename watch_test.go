@@ -1,0 +1,174 @@
+package fencekv_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
+)
+
+// collect reads events from w until it has n or the deadline passes.
+func collect(t *testing.T, w *fencekv.Watcher, n int) []fencekv.Event {
+	t.Helper()
+	out, err := collectErr(w, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+func collectErr(w *fencekv.Watcher, n int) ([]fencekv.Event, error) {
+	var out []fencekv.Event
+	deadline := time.After(10 * time.Second)
+	for len(out) < n {
+		select {
+		case b, ok := <-w.Events():
+			if !ok {
+				return out, fmt.Errorf("watcher ended after %d of %d events: %v", len(out), n, w.Err())
+			}
+			out = append(out, b...)
+		case <-deadline:
+			return out, fmt.Errorf("%d of %d events within 10s", len(out), n)
+		}
+	}
+	return out, nil
+}
+
+// TestWatchOrderNoGap: with writers on many keys at once, a watcher sees
+// every write to its prefix once, in revision order, with the values
+// written; one that resumes from a revision sees exactly the rest.
+func TestWatchOrderNoGap(t *testing.T) {
+	db := openDB(t, "", fencekvtest.NewClock(), nil)
+	ctx := context.Background()
+	w, err := db.Watch(ctx, fencekv.WatchOptions{Prefix: []byte("w/")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	const writers, each = 8, 50
+	type result struct {
+		es  []fencekv.Event
+		err error
+	}
+	got := make(chan result, 1)
+	go func() { // reads as the writes come
+		es, err := collectErr(w, writers*each)
+		got <- result{es, err}
+	}()
+	var wg sync.WaitGroup
+	for i := range writers {
+		wg.Go(func() {
+			for j := range each {
+				db.Put(ctx, []byte(fmt.Sprintf("w/%d", i)), []byte(fmt.Sprint(j)), fencekv.WriteOptions{})
+				db.Put(ctx, []byte(fmt.Sprintf("other/%d", i)), []byte("x"), fencekv.WriteOptions{})
+			}
+		})
+	}
+	wg.Wait()
+	res := <-got
+	if res.err != nil {
+		t.Fatal(res.err)
+	}
+	es := res.es
+	last := map[string]int{}
+	for i, e := range es {
+		if e.Type != "put" || string(e.Key[:2]) != "w/" {
+			t.Fatalf("event %d = %+v; want puts under w/ only", i, e)
+		}
+		if i > 0 && e.Revision <= es[i-1].Revision {
+			t.Fatalf("event %d at revision %d after %d: not in order", i, e.Revision, es[i-1].Revision)
+		}
+		var v int
+		fmt.Sscan(string(e.Value), &v)
+		if prev, ok := last[string(e.Key)]; ok && v != prev+1 || !ok && v != 0 {
+			t.Fatalf("%s: value %d after %d: a gap or a repeat", e.Key, v, prev)
+		}
+		last[string(e.Key)] = v
+	}
+	// Resume from the middle: exactly the events from there.
+	mid := es[len(es)/2]
+	r, err := db.Watch(ctx, fencekv.WatchOptions{Prefix: []byte("w/"), StartRevision: mid.Revision})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Close()
+	rest := collect(t, r, len(es)-len(es)/2)
+	for i, e := range rest {
+		if want := es[len(es)/2+i]; e.Revision != want.Revision || string(e.Key) != string(want.Key) || string(e.Value) != string(want.Value) {
+			t.Fatalf("resumed event %d = %+v; want %+v", i, e, want)
+		}
+	}
+}
+
+// TestWatchCompactedAndLocks: a start older than the window is compacted,
+// with the oldest revision kept; lock events come with Locks, after the
+// key events of their revision.
+func TestWatchCompactedAndLocks(t *testing.T) {
+	clock := fencekvtest.NewClock()
+	db := openDB(t, "", clock, func(o *fencekv.Options) { o.WatchHistory = 10 })
+	ctx := context.Background()
+	for i := range 30 {
+		db.Put(ctx, []byte("k"), []byte(fmt.Sprint(i)), fencekv.WriteOptions{})
+	}
+	_, err := db.Watch(ctx, fencekv.WatchOptions{StartRevision: 5})
+	var fe *fencekv.Error
+	if !errors.As(err, &fe) || fe.Code != fencekv.CodeCompacted || fe.Revision != 21 {
+		t.Fatalf("watch from revision 5 with a window of 10 events: %v; want compacted, oldest 21", err)
+	}
+	w, err := db.Watch(ctx, fencekv.WatchOptions{Locks: true, StartRevision: 21})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if es := collect(t, w, 10); es[0].Revision != 21 || es[9].Revision != 30 {
+		t.Fatalf("replay = %d..%d; want 21..30", es[0].Revision, es[9].Revision)
+	}
+	l, err := db.Acquire(ctx, "L", time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	db.Put(ctx, []byte("k"), []byte("held"), fencekv.WriteOptions{Token: l.Token, Lock: "L"})
+	if err := db.Release(ctx, "L", l.Token); err != nil {
+		t.Fatal(err)
+	}
+	l2, _ := db.Acquire(ctx, "L", time.Second, nil)
+	clock.Advance(2 * time.Second) // the expiry loop expires l2
+	es := collect(t, w, 5)
+	want := []string{"acquired 30", "put 31", "released 31", "acquired 31", "expired 31"}
+	for i, e := range es {
+		if got := fmt.Sprintf("%s %d", e.Type, e.Revision); got != want[i] {
+			t.Fatalf("event %d = %s (%+v); want %s", i, got, e, want[i])
+		}
+	}
+	if es[0].Token != l.Token || es[2].Token != l.Token || es[3].Token != l2.Token || es[4].Token != l2.Token {
+		t.Fatalf("lock events' tokens: %+v", es)
+	}
+}
+
+// TestWatchSlowCancelled: a watcher that never reads is cancelled when its
+// buffer fills, and the writers never wait for it.
+func TestWatchSlowCancelled(t *testing.T) {
+	db := openDB(t, "", fencekvtest.NewClock(), nil)
+	ctx := context.Background()
+	w, err := db.Watch(ctx, fencekv.WatchOptions{Buffer: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 100 {
+		if _, err := db.Put(ctx, []byte("k"), []byte(fmt.Sprint(i)), fencekv.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	n := 0
+	for range w.Events() {
+		n++
+	}
+	if !errors.Is(w.Err(), fencekv.ErrWatchCancelled) || n != 4 {
+		t.Fatalf("slow watcher: %d batches, then %v; want 4 and ErrWatchCancelled", n, w.Err())
+	}
+}
