@@ -359,5 +359,5 @@ func StaleReads(ctx context.Context) bool {
 // ErrCompacted with the oldest revision kept). Close it when done; it
 // ends with ErrWatchCancelled if it falls behind, or when the DB closes.
 func (db *DB) Watch(ctx context.Context, o WatchOptions) (*Watcher, error) {
-	return db.hub.watch(o)
+	return db.m.Watch(o)
 }

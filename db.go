@@ -30,7 +30,6 @@ type DB struct {
 	epoch time.Time
 
 	refusals *RefusalLog
-	hub      *hub // watchers and the history window
 
 	// m is the state machine. Its write side is used by the batch leader
 	// only (and by Open and Close, before and after any leader).
@@ -123,14 +122,11 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
 	db.lastCkpt = time.Now()
-	var st Status
-	if err := m.Counters(&st); err != nil {
+	if err := m.EnableWatch(o.WatchHistory); err != nil {
 		m.Close()
 		log.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
-	db.hub = newHub(o.WatchHistory, st.Revision+1)
-	m.sink = db.hub.publish
 	rearm := Command{Op: OpRearm}
 	if tail.Torn {
 		floor, err := db.tokenFloor(logPath, tail)
@@ -168,7 +164,7 @@ func (db *DB) Close() error {
 		}
 		db.qmu.Unlock()
 		db.drainWaiters()
-		db.hub.close()
+		db.m.closeWatch()
 		close(db.stop)
 		db.wg.Wait()
 		var ckpt error

@@ -60,6 +60,7 @@ type Machine struct {
 	// order (watch.go); events holds the open batch's.
 	sink   func([]Event)
 	events []Event
+	hub    *hub // watchers and the history window; nil until EnableWatch
 
 	gmu    sync.Mutex        // guards grants and order (the refusal log reads them)
 	grants map[Token]grantee // the latest grants: token -> lock and holder
@@ -312,6 +313,12 @@ func (m *Machine) Restore(r io.Reader) error {
 			return err
 		}
 	}
+	err := m.restore(r)
+	m.resetWatch()
+	return err
+}
+
+func (m *Machine) restore(r io.Reader) error {
 	m.smu.Lock()
 	defer m.smu.Unlock()
 	m.store.Abort()

@@ -194,7 +194,7 @@ func (h *hub) close() {
 	defer h.mu.Unlock()
 	h.closed = true
 	for w := range h.watchers {
-		w.end(fmt.Errorf("%w: the store closed", ErrWatchCancelled))
+		w.end(fmt.Errorf("%w: the store closed or its state was replaced; watch again", ErrWatchCancelled))
 	}
 }
 
@@ -244,5 +244,42 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 		if expired != 0 {
 			m.events = append(m.events, Event{Type: "expired", Lock: c.Lease.Name, Token: expired, Revision: tx.Revision()})
 		}
+	}
+}
+
+// EnableWatch starts keeping the latest history events for watchers, from
+// the machine's current revision on. Call it once, before applying.
+func (m *Machine) EnableWatch(history int) error {
+	var st Status
+	if err := m.Counters(&st); err != nil {
+		return err
+	}
+	m.hub = newHub(history, st.Revision+1)
+	m.sink = m.hub.publish
+	return nil
+}
+
+// Watch starts a watcher (see DB.Watch). Any goroutine.
+func (m *Machine) Watch(o WatchOptions) (*Watcher, error) {
+	if m.hub == nil {
+		return nil, errorf(CodeUnavailable, "this store keeps no watch history")
+	}
+	return m.hub.watch(o)
+}
+
+// resetWatch ends every watcher and starts the history over from the
+// machine's current revision: its state was replaced (Restore), so the
+// history no longer leads to it.
+func (m *Machine) resetWatch() {
+	if m.hub == nil {
+		return
+	}
+	m.hub.close()
+	m.EnableWatch(len(m.hub.hist))
+}
+
+func (m *Machine) closeWatch() {
+	if m.hub != nil {
+		m.hub.close()
 	}
 }

@@ -355,3 +355,11 @@ func (n *Node) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencek
 	}
 	return fencekv.TxnRevision(r.Txn), r.Txn, nil
 }
+
+// Watch serves a watcher from this node's own applied log: any node
+// serves watches, and events come once they are committed and applied
+// here. A node that installs a snapshot ends its watchers (they resume,
+// or are told compacted).
+func (n *Node) Watch(ctx context.Context, o fencekv.WatchOptions) (*fencekv.Watcher, error) {
+	return n.m.Watch(o)
+}

@@ -117,6 +117,9 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	closers = append(closers, n.m)
+	if err := n.m.EnableWatch(cfg.Engine.WatchHistory); err != nil {
+		return nil, err
+	}
 	n.fsm = newFSM(n.m, n.log, n.freed)
 
 	if err := n.startRaft(); err != nil {

@@ -114,6 +114,9 @@ const (
 	fSince
 	fCompare
 	fOps
+	fLocks
+	fStartRev
+	fWatchID
 )
 
 // fields maps the protocol's param names to their bits.
@@ -121,7 +124,7 @@ var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
 	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency, "since": fSince,
-	"compare": fCompare, "ops": fOps,
+	"compare": fCompare, "ops": fOps, "locks": fLocks, "start_revision": fStartRev, "watch_id": fWatchID,
 }
 
 func (f field) String() string {
@@ -145,6 +148,8 @@ type args struct {
 	consistency               string
 	since                     uint64
 	compares                  []fencekv.Compare
+	locks                     bool
+	startRev, watchID         uint64
 	ops                       []fencekv.TxnOp
 	has                       field
 }
@@ -210,6 +215,15 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			a.delayMs, err = decodeInt(dec)
 		case fSince:
 			a.since, err = decodeUint(dec)
+		case fLocks:
+			a.locks, err = dec.DecodeBool()
+			if err != nil {
+				err = errors.New("want a boolean")
+			}
+		case fStartRev:
+			a.startRev, err = decodeUint(dec)
+		case fWatchID:
+			a.watchID, err = decodeUint(dec)
 		case fCompare:
 			a.compares, err = decodeCompares(dec)
 		case fOps:
@@ -380,7 +394,7 @@ func (e *encoder) errorMap(err *fencekv.Error) {
 	n := 2
 	switch err.Code {
 	case fencekv.CodeStaleToken, fencekv.CodeNotHolder, fencekv.CodeLeaseExpired,
-		fencekv.CodeCompareFailed, fencekv.CodeNotLeader:
+		fencekv.CodeCompareFailed, fencekv.CodeNotLeader, fencekv.CodeCompacted:
 		n = 3
 	case fencekv.CodeLockHeld:
 		n = 5
@@ -409,7 +423,7 @@ func (e *encoder) errorMap(err *fencekv.Error) {
 		e.str("holder", err.Holder)
 		e.uint("token", uint64(err.Token))
 		e.int("retry_ms", toMs(err.RetryAfter))
-	case fencekv.CodeCompareFailed:
+	case fencekv.CodeCompareFailed, fencekv.CodeCompacted:
 		e.uint("revision", uint64(err.Revision))
 	case fencekv.CodeNotLeader:
 		e.str("leader", err.Leader)

@@ -343,6 +343,7 @@ type conn struct {
 	waits  context.Context
 	base   context.Context // every other request's context: the client's address
 	cancel context.CancelFunc
+	ws     watches // the connection's watchers (watch.go)
 
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
@@ -408,6 +409,7 @@ func (c *conn) serve() {
 	c.cancel()
 	// Wait for the handlers; their responses are written and flushed.
 	c.handlers.Wait()
+	c.closeWatches()
 	c.nc.Close()
 }
 
@@ -528,6 +530,28 @@ func (c *conn) handle(m message, a *args) {
 	}()
 	e := encoderPool.Get().(*encoder)
 	e.response(m.msgid)
+	switch m.method {
+	case "watch", "unwatch":
+		// Methods of the connection itself, not the engine.
+		e.EncodeNil()
+		var start func()
+		var err error
+		if m.method == "watch" {
+			start, err = c.watch(a, e)
+		} else {
+			err = c.unwatch(a, e)
+		}
+		if err != nil {
+			e.response(m.msgid)
+			c.finish(m, e, asError(err))
+			return
+		}
+		c.send(m, e)
+		if start != nil {
+			start()
+		}
+		return
+	}
 	call, ok := methods[m.method]
 	if !ok {
 		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %.64q", m.method)})

@@ -1,0 +1,76 @@
+package wire_test
+
+import (
+	"context"
+	"fmt"
+	"testing"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// TestWatchNotifications: a watch over the raw protocol answers its id,
+// then sends every durable change under its prefix as notifications, in
+// order; unwatch stops them; a watch from a revision replays the history.
+func TestWatchNotifications(t *testing.T) {
+	ts := startServer(t, nil)
+	raw := dialRaw(t, ts.Addr)
+	r := raw.call(1, "watch", map[string]any{"prefix": "w/", "locks": true})
+	if r.err != nil {
+		t.Fatalf("watch: %+v", r.err)
+	}
+	id := r.res["watch_id"]
+	ctx := context.Background()
+	c, err := wire.Dial(ctx, ts.Addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	for i := range 3 {
+		if _, err := c.Put(ctx, []byte(fmt.Sprint("w/", i)), []byte("v"), fencekv.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		c.Put(ctx, []byte("other"), []byte("v"), fencekv.WriteOptions{})
+	}
+	l, err := c.Acquire(ctx, "w/lock", 10e9, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []string
+	for len(got) < 4 {
+		m := raw.next()
+		if len(m) != 3 || fmt.Sprint(m[0]) != "2" || m[1] != "watch" {
+			t.Fatalf("message %v; want a watch notification", m)
+		}
+		p := m[2].([]any)[0].(map[string]any)
+		if fmt.Sprint(p["watch_id"]) != fmt.Sprint(id) {
+			t.Fatalf("notification for watch %v; want %v", p["watch_id"], id)
+		}
+		for _, ev := range p["events"].([]any) {
+			e := ev.(map[string]any)
+			switch e["type"] {
+			case "put":
+				got = append(got, fmt.Sprintf("put %s @%v", e["key"], e["revision"]))
+			default:
+				got = append(got, fmt.Sprintf("%s %s %v @%v", e["type"], e["lock"], e["token"], e["revision"]))
+			}
+		}
+	}
+	want := []string{"put w/0 @1", "put w/1 @3", "put w/2 @5", fmt.Sprintf("acquired w/lock %d @6", l.Token)}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Fatalf("events %v; want %v", got, want)
+	}
+	if r := raw.call(2, "unwatch", map[string]any{"watch_id": id}); r.err != nil {
+		t.Fatalf("unwatch: %+v", r.err)
+	}
+	// Resume from revision 3: w/1, w/2 and the lock, from the history.
+	r = raw.call(3, "watch", map[string]any{"prefix": "w/", "locks": true, "start_revision": 3})
+	if r.err != nil {
+		t.Fatalf("watch from 3: %+v", r.err)
+	}
+	m := raw.next()
+	p := m[2].([]any)[0].(map[string]any)
+	if evs := p["events"].([]any); len(evs) != 3 {
+		t.Fatalf("replay from revision 3: %v; want 3 events", evs)
+	}
+}
