@@ -149,3 +149,49 @@ func BenchmarkGet(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPutWatched is BenchmarkPut at 64 callers with 0 or 100
+// watchers reading every event (one on each key's prefix, the rest on
+// all keys): writes must keep their speed while watched.
+func BenchmarkPutWatched(b *testing.B) {
+	value := make([]byte, 100)
+	const callers = 64
+	for _, watchers := range []int{0, 100} {
+		b.Run(fmt.Sprintf("watchers=%d", watchers), func(b *testing.B) {
+			db := benchOpen(b)
+			ctx := context.Background()
+			keys := make([][]byte, callers)
+			tokens := make([]fencekv.Token, callers)
+			for c := range callers {
+				l, err := db.Acquire(ctx, fmt.Sprintf("bench/lock%d", c), time.Hour, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				keys[c], tokens[c] = fmt.Appendf(nil, "bench/key%d", c), l.Token
+			}
+			var wg sync.WaitGroup
+			for i := range watchers {
+				prefix := []byte("bench/")
+				if i < callers {
+					prefix = keys[i]
+				}
+				w, err := db.Watch(ctx, fencekv.WatchOptions{Prefix: prefix, Buffer: 1 << 16})
+				if err != nil {
+					b.Fatal(err)
+				}
+				wg.Go(func() {
+					for range w.Events() {
+					}
+				})
+				b.Cleanup(w.Close)
+			}
+			benchRun(b, db, callers, func(c int) error {
+				_, err := db.Put(ctx, keys[c], value, fencekv.WriteOptions{Token: tokens[c]})
+				return err
+			})
+			b.StopTimer()
+			db.Close() // ends the watchers
+			wg.Wait()
+		})
+	}
+}

@@ -56,6 +56,7 @@ var ErrWatchCancelled = errors.New("fencekv: watch cancelled")
 // Watcher receives events.
 type Watcher struct {
 	o      WatchOptions
+	after  uint64 // the number of the last event it had when it started (guarded by h.mu)
 	ch     chan []Event
 	h      *hub
 	mu     sync.Mutex // guards err, closed
@@ -101,7 +102,19 @@ func (w *Watcher) wants(e *Event) bool {
 	return bytes.HasPrefix(e.Key, w.o.Prefix)
 }
 
+// filter returns the events w wants: es itself when it wants them all
+// (batches are never changed once published, so watchers share them).
 func (w *Watcher) filter(es []Event) []Event {
+	all := true
+	for i := range es {
+		if !w.wants(&es[i]) {
+			all = false
+			break
+		}
+	}
+	if all {
+		return es
+	}
 	var out []Event
 	for i := range es {
 		if w.wants(&es[i]) {
@@ -111,28 +124,47 @@ func (w *Watcher) filter(es []Event) []Event {
 	return out
 }
 
-// hub keeps the history window and the watchers.
+// hub keeps the history window and the watchers. The batch leader only
+// appends to the history (publish); a dispatcher goroutine hands the
+// batches to the watchers, so that writes never wait for them.
 type hub struct {
 	mu       sync.Mutex // guards all below
 	hist     []Event    // ring of the latest events
 	head, n  int        // oldest event at hist[head]; n events held
 	floor    Revision   // every event at or after floor is held
+	seq      uint64     // events published so far; the last one is number seq
+	queue    []batch    // published, not yet handed to the watchers
 	watchers map[*Watcher]struct{}
 	closed   bool
+
+	wake chan struct{} // the dispatcher has a queue to hand out
+	done chan struct{} // closed when the dispatcher ends
+}
+
+// batch is a published batch of events; its first is number first.
+type batch struct {
+	first  uint64
+	events []Event
 }
 
 func newHub(size int, next Revision) *hub {
-	return &hub{hist: make([]Event, max(size, 1)), floor: next, watchers: map[*Watcher]struct{}{}}
+	h := &hub{hist: make([]Event, max(size, 1)), floor: next, watchers: map[*Watcher]struct{}{},
+		wake: make(chan struct{}, 1), done: make(chan struct{})}
+	go h.dispatch()
+	return h
 }
 
-// publish adds a durable batch's events to the history and hands them to
-// every watcher. A watcher whose buffer is full is cancelled.
+// publish adds a durable batch's events to the history and queues them for
+// the watchers. Called by the machine's write side.
 func (h *hub) publish(es []Event) {
 	if len(es) == 0 {
 		return
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
 	for _, e := range es {
 		if h.n == len(h.hist) {
 			// Evict the oldest: events of its revision are no longer
@@ -144,16 +176,46 @@ func (h *hub) publish(es []Event) {
 		h.hist[(h.head+h.n)%len(h.hist)] = e
 		h.n++
 	}
-	for w := range h.watchers {
-		batch := w.filter(es)
-		if len(batch) == 0 {
-			continue
+	h.queue = append(h.queue, batch{first: h.seq + 1, events: es})
+	h.seq += uint64(len(es))
+	select {
+	case h.wake <- struct{}{}:
+	default:
+	}
+}
+
+// dispatch hands queued batches to the watchers until the hub closes. A
+// watcher whose buffer is full is cancelled.
+func (h *hub) dispatch() {
+	defer close(h.done)
+	for range h.wake {
+		h.mu.Lock()
+		if h.closed {
+			h.mu.Unlock()
+			return
 		}
-		select {
-		case w.ch <- batch:
-		default:
-			w.end(fmt.Errorf("%w: it fell %d batches behind", ErrWatchCancelled, cap(w.ch)))
+		queue := h.queue
+		h.queue = nil
+		for _, b := range queue {
+			for w := range h.watchers {
+				es := b.events
+				if w.after >= b.first+uint64(len(es))-1 {
+					continue // it started after this batch: in its replay
+				}
+				if w.after >= b.first {
+					es = es[w.after-b.first+1:]
+				}
+				if es = w.filter(es); len(es) == 0 {
+					continue
+				}
+				select {
+				case w.ch <- es:
+				default:
+					w.end(fmt.Errorf("%w: it fell %d batches behind", ErrWatchCancelled, cap(w.ch)))
+				}
+			}
 		}
+		h.mu.Unlock()
 	}
 }
 
@@ -167,7 +229,9 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 	if h.closed {
 		return nil, errClosed
 	}
-	w := &Watcher{o: o, ch: make(chan []Event, o.Buffer), h: h}
+	// It has seen every event published so far (by the replay, or by
+	// starting from now); the dispatcher hands it the later ones.
+	w := &Watcher{o: o, ch: make(chan []Event, o.Buffer), h: h, after: h.seq}
 	if o.StartRevision != 0 {
 		if o.StartRevision < h.floor {
 			return nil, &Error{Code: CodeCompacted, Revision: h.floor,
@@ -188,14 +252,20 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 	return w, nil
 }
 
-// close ends every watcher.
+// close ends every watcher and the dispatcher.
 func (h *hub) close() {
 	h.mu.Lock()
-	defer h.mu.Unlock()
+	if h.closed {
+		h.mu.Unlock()
+		return
+	}
 	h.closed = true
 	for w := range h.watchers {
 		w.end(fmt.Errorf("%w: the store closed or its state was replaced; watch again", ErrWatchCancelled))
 	}
+	close(h.wake)
+	h.mu.Unlock()
+	<-h.done
 }
 
 // recordEvents adds to the open batch the events of c, which was applied
