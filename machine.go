@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -51,6 +52,10 @@ type Machine struct {
 	applied uint64 // the last log index published
 	term    uint64 // the term of the last rearm: expiries from an older term are ignored
 	failed  error  // set when a command failed in the storage or panicked
+
+	// Counted as commands are applied (replayed ones too), for metrics.
+	grants   atomic.Uint64 // acquires granted
+	expiries atomic.Uint64 // leases that ran out (an expire that ended a held lease)
 
 	// hook, if set (by tests), runs before each command is applied; a
 	// panic in it is a panic in apply.
@@ -164,6 +169,9 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 		r.Int, r.Entry, r.Err = tx.Incr(c.Key, c.Delta, c.Write)
 	case OpAcquire:
 		r.Grant, r.Err = leases.Acquire(tx, c.Now, c.Lease)
+		if r.Err == nil {
+			m.grants.Add(1)
+		}
 	case OpRenew:
 		r.TTL, r.Err = leases.Renew(tx, c.Now, c.Lease.Name, c.Token)
 	case OpRelease:
@@ -177,8 +185,12 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 			return r
 		}
 		var changed bool
+		held := leases.Held()
 		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
 		r.Noop = !changed
+		if leases.Held() < held {
+			m.expiries.Add(1)
+		}
 	case OpRearm:
 		tx.RaiseToken(c.Token)
 		r.Err = leases.Rearm(tx, c.Now)
