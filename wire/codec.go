@@ -111,6 +111,7 @@ const (
 	fLockDelay
 	fStrict
 	fConsistency
+	fOffset
 )
 
 // fields maps the protocol's param names to their bits.
@@ -118,6 +119,7 @@ var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
 	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency,
+	"offset": fOffset,
 }
 
 func (f field) String() string {
@@ -139,6 +141,7 @@ type args struct {
 	ttlMs, waitMs, delayMs    int64
 	strict                    bool
 	consistency               string
+	offset                    uint64
 	has                       field
 }
 
@@ -191,6 +194,8 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			a.token, err = decodeUint(dec)
 		case fRevision:
 			a.revision, err = decodeUint(dec)
+		case fOffset:
+			a.offset, err = decodeUint(dec)
 		case fDelta:
 			a.delta, err = decodeInt(dec)
 		case fLimit:
