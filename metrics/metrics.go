@@ -73,6 +73,89 @@ var codeNames = []string{"ok",
 	string(fencekv.CodeUnavailable), string(fencekv.CodeNotLeader), string(fencekv.CodeLimitExceeded),
 	string(fencekv.CodeInternal), "unauthenticated", "permission_denied", "compacted", "other"}
 
+// methodIndex is the index of a method in methodNames: a switch, which
+// costs a request a few comparisons where a map costs a hash.
+func methodIndex(method string) int {
+	switch method {
+	case "ping":
+		return 0
+	case "get":
+		return 1
+	case "put":
+		return 2
+	case "delete":
+		return 3
+	case "cas":
+		return 4
+	case "incr":
+		return 5
+	case "scan":
+		return 6
+	case "acquire":
+		return 7
+	case "renew":
+		return 8
+	case "release":
+		return 9
+	case "lock_info":
+		return 10
+	case "locks":
+		return 11
+	case "status":
+		return 12
+	case "members":
+		return 13
+	case "backup":
+		return 14
+	case "backup_read":
+		return 15
+	case "auth":
+		return 16
+	}
+	return 17 // unknown
+}
+
+// codeIndex is the index of a refusal code in codeNames.
+func codeIndex(code fencekv.Code) int {
+	switch code {
+	case "", "ok":
+		return 0
+	case fencekv.CodeStaleToken:
+		return 1
+	case fencekv.CodeNotHolder:
+		return 2
+	case fencekv.CodeLeaseExpired:
+		return 3
+	case fencekv.CodeLockHeld:
+		return 4
+	case fencekv.CodeCompareFailed:
+		return 5
+	case fencekv.CodeNotInteger:
+		return 6
+	case fencekv.CodeTooLarge:
+		return 7
+	case fencekv.CodeBadRequest:
+		return 8
+	case fencekv.CodeUnknownMethod:
+		return 9
+	case fencekv.CodeUnavailable:
+		return 10
+	case fencekv.CodeNotLeader:
+		return 11
+	case fencekv.CodeLimitExceeded:
+		return 12
+	case fencekv.CodeInternal:
+		return 13
+	case "unauthenticated":
+		return 14
+	case "permission_denied":
+		return 15
+	case "compacted":
+		return 16
+	}
+	return 17 // other
+}
+
 // fencing are the refusals by which fencing stopped a write or a lease
 // operation: a stale token, a lock not held by the token, a lease run out.
 var fencing = []fencekv.Code{fencekv.CodeStaleToken, fencekv.CodeNotHolder, fencekv.CodeLeaseExpired}
@@ -81,11 +164,6 @@ var fencing = []fencekv.Code{fencekv.CodeStaleToken, fencekv.CodeNotHolder, fenc
 // for concurrent use.
 type Metrics struct {
 	reg *prometheus.Registry
-
-	methodIdx map[string]int
-	codeIdx   map[fencekv.Code]int
-	unknown   int // index of "unknown" in methodNames
-	other     int // index of "other" in codeNames
 
 	requests *prometheus.CounterVec
 	latency  *prometheus.HistogramVec
@@ -116,20 +194,17 @@ type state struct {
 // New returns the metrics of one server, with the Go runtime's and the
 // process's metrics besides fencekv's own.
 func New() *Metrics {
-	m := &Metrics{
-		reg:       prometheus.NewRegistry(),
-		methodIdx: make(map[string]int, len(methodNames)),
-		codeIdx:   make(map[fencekv.Code]int, len(codeNames)),
-	}
+	m := &Metrics{reg: prometheus.NewRegistry()}
 	for i, n := range methodNames {
-		m.methodIdx[n] = i
+		if methodIndex(n) != i {
+			panic("metrics: methodIndex disagrees with methodNames at " + n)
+		}
 	}
-	m.unknown = m.methodIdx["unknown"]
-	for i, n := range codeNames {
-		m.codeIdx[fencekv.Code(n)] = i
+	for i, n := range codeNames[1:] {
+		if codeIndex(fencekv.Code(n)) != i+1 {
+			panic("metrics: codeIndex disagrees with codeNames at " + n)
+		}
 	}
-	m.codeIdx[""] = 0
-	m.other = len(codeNames) - 1
 
 	m.requests = prometheus.NewCounterVec(prometheus.CounterOpts{
 		Name: "fencekv_requests_total",
@@ -152,7 +227,7 @@ func New() *Metrics {
 	m.refuse = make([]prometheus.Counter, len(codeNames))
 	for _, c := range fencing {
 		// Created now, so that they read 0 before the first refusal.
-		m.refuse[m.codeIdx[c]] = refusals.WithLabelValues(string(c))
+		m.refuse[codeIndex(c)] = refusals.WithLabelValues(string(c))
 	}
 
 	m.commitSize = prometheus.NewHistogram(prometheus.HistogramOpts{
@@ -189,13 +264,9 @@ func (m *Metrics) Registry() *prometheus.Registry { return m.reg }
 // code of its refusal ("" when it succeeded), and its latency. It is
 // wire.Config.Observe.
 func (m *Metrics) Observe(method string, code fencekv.Code, d time.Duration) {
-	mi, ok := m.methodIdx[method]
-	if !ok {
-		mi = m.unknown
-	}
-	ci, ok := m.codeIdx[code]
-	if !ok {
-		ci = m.other
+	mi, ci := methodIndex(method), 0
+	if code != "" {
+		ci = codeIndex(code)
 	}
 	c := m.reqTab[mi][ci].Load()
 	if c == nil {
