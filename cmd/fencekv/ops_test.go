@@ -86,11 +86,11 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`fencekv_requests_total{code="stale_token",method="put"}`: 1,
 		`fencekv_requests_total{code="ok",method="put"}`:          1,
 		`fencekv_requests_total{code="ok",method="acquire"}`:      1,
-		`fencekv_last_token`:                                      float64(token),
-		`fencekv_locks_held`:                                      1,
-		`fencekv_leases_granted_total`:                            1,
-		`fencekv_cluster_role{role="single"}`:                     1,
-		`fencekv_request_duration_seconds_count{method="put"}`:    2,
+		`fencekv_last_token`:                                   float64(token),
+		`fencekv_locks_held`:                                   1,
+		`fencekv_leases_granted_total`:                         1,
+		`fencekv_cluster_role{role="single"}`:                  1,
+		`fencekv_request_duration_seconds_count{method="put"}`: 2,
 	}
 	for k, v := range want {
 		if after[k] != v {
