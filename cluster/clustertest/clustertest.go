@@ -125,8 +125,7 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 // backup: prepare builds the first node's data dir (fencekv.Restore into
 // the dir it is given); that node starts alone with --bootstrap-expect 1
 // and seeds the cluster once it leads; the others start on empty dirs and
-// join it. It waits until every node has applied what the first had
-// committed once the others joined.
+// join it. It returns once every node answers.
 func Seed(tb testing.TB, bin string, n int, o *Options, prepare func(dir string)) *Cluster {
 	tb.Helper()
 	c := &Cluster{Bin: bin, tb: tb}
@@ -141,7 +140,17 @@ func Seed(tb testing.TB, bin string, n int, o *Options, prepare func(dir string)
 	c.launch(first, []string{"--bootstrap-expect", "1"})
 	c.WaitWritable(tb, 30*time.Second)
 	for range n - 1 {
-		c.Add(tb)
+		nd := c.Add(tb)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if _, err := c.Status(nd); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("clustertest: %s does not answer within 30s", nd.Name)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
 	}
 	return c
 }
