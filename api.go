@@ -289,6 +289,8 @@ type Status struct {
 	Waiters   int      // callers queued for locks
 	Commits   uint64   // group commits (one log sync each) since Open
 	Commands  uint64   // commands applied since Open
+	Grants    uint64   // acquires granted since Open (replayed ones included)
+	Expiries  uint64   // leases that ran out since Open (replayed ones included)
 
 	SyncTime       time.Duration // total time writing and syncing the log, since Open
 	Checkpoints    uint64        // checkpoints of the log into the data file since Open

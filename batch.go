@@ -27,6 +27,9 @@ type request struct {
 	waiter *lease.Waiter // set by the leader when the acquire was queued
 	lead   bool          // set (with qmu held) before done receives, to make the submitter the leader
 	done   chan struct{} // receives once res (and waiter) are set, or lead is
+	// turn, if set, makes the request no command but a function the
+	// leader runs between batches, alone (see inTurn); res.Err is its error.
+	turn func() error
 }
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -135,6 +138,12 @@ func (db *DB) lead() {
 	db.qmu.Lock()
 	n, size := 0, 0
 	for n < len(db.pending) && n < db.opts.MaxBatch && size < maxBatchBytes {
+		if db.pending[n].turn != nil {
+			if n == 0 {
+				n = 1 // a turn is a batch of its own
+			}
+			break
+		}
 		size += len(db.pending[n].cmd.Key) + len(db.pending[n].cmd.Value)
 		n++
 	}
@@ -145,10 +154,15 @@ func (db *DB) lead() {
 	db.qmu.Unlock()
 
 	db.gather = len(db.batch) > 1
-	if len(db.batch) > 0 {
+	switch {
+	case len(db.batch) == 1 && db.batch[0].turn != nil:
+		r := db.batch[0]
+		r.res = Result{Err: safely(r.turn)}
+		r.done <- struct{}{}
+	case len(db.batch) > 0:
 		db.commitBatch(db.batch)
-		clear(db.batch)
 	}
+	clear(db.batch)
 
 	db.qmu.Lock()
 	if len(db.pending) == 0 {
@@ -161,6 +175,21 @@ func (db *DB) lead() {
 	next.lead = true
 	db.qmu.Unlock()
 	next.done <- struct{}{}
+}
+
+// inTurn runs fn in the batch leader's turn, between two batches, when it
+// alone may use the machine's write side (to checkpoint, or take a
+// snapshot): every command acknowledged before the call is applied and
+// published then. Its error is fn's, or ctx's if ctx ended before its turn
+// came (then fn did not run).
+func (db *DB) inTurn(ctx context.Context, fn func() error) error {
+	r := newRequest(Command{})
+	r.turn = fn
+	defer r.free()
+	if err := db.submit(ctx, r); err != nil {
+		return err
+	}
+	return r.res.Err
 }
 
 // maxBatchBytes bounds the keys and values of one batch, and so the size of

@@ -66,6 +66,9 @@ func (db *DB) commitBatch(batch []*request) {
 	db.m.Publish(db.seq)
 	if db.logged > 0 {
 		db.commits.Add(1)
+		if o := db.opts.Observer; o != nil {
+			o.Committed(len(batch)+len(handed), db.lastSync)
+		}
 	}
 	db.commands.Add(uint64(len(batch) + len(handed)))
 	for _, r := range batch {
@@ -196,7 +199,10 @@ func (db *DB) writeRecord() error {
 		return nil
 	}
 	start := time.Now()
-	defer func() { db.syncNanos.Add(int64(time.Since(start))) }()
+	defer func() {
+		db.lastSync = time.Since(start)
+		db.syncNanos.Add(int64(db.lastSync))
+	}()
 	if err := db.wal.Append(db.seq+1, db.rec); err != nil {
 		return err
 	}
@@ -226,8 +232,12 @@ func (db *DB) checkpoint() error {
 	}
 	start := time.Now()
 	defer func() {
+		d := time.Since(start)
 		db.checkpoints.Add(1)
-		db.ckptNanos.Add(int64(time.Since(start)))
+		db.ckptNanos.Add(int64(d))
+		if o := db.opts.Observer; o != nil {
+			o.Checkpointed(d)
+		}
 	}()
 	if err := db.m.Checkpoint(); err != nil {
 		return err

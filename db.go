@@ -59,6 +59,10 @@ type DB struct {
 	// record and syncing it; an error fails the sync.
 	beforeSync func() error
 
+	// lastSync is how long the last log record took to write and sync
+	// (for Options.Observer). Owned by the leader.
+	lastSync time.Duration
+
 	mu     sync.Mutex // guards failed
 	failed error      // set when a batch could not be applied or made durable; writes are refused after
 

@@ -6,6 +6,7 @@ import (
 	"io"
 	"runtime/debug"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -51,6 +52,10 @@ type Machine struct {
 	applied uint64 // the last log index published
 	term    uint64 // the term of the last rearm: expiries from an older term are ignored
 	failed  error  // set when a command failed in the storage or panicked
+
+	// Counted as commands are applied (replayed ones too), for metrics.
+	granted  atomic.Uint64 // acquires granted
+	expiries atomic.Uint64 // leases that ran out (an expire that ended a held lease)
 
 	// hook, if set (by tests), runs before each command is applied; a
 	// panic in it is a panic in apply.
@@ -208,6 +213,7 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 		r.Grant, r.Err = leases.Acquire(tx, c.Now, c.Lease)
 		if r.Err == nil {
 			m.noteGrant(r.Grant.Token, c.Lease.Name, c.Lease.Holder)
+			m.granted.Add(1)
 		}
 	case OpRenew:
 		r.TTL, r.Err = leases.Renew(tx, c.Now, c.Lease.Name, c.Token)
@@ -227,10 +233,14 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 			return r
 		}
 		var changed bool
+		held := leases.Held()
 		r.Freed, changed, r.Err = leases.Expire(tx, c.Now, c.Lease.Name)
 		r.Noop = !changed
 		if changed && live && !before.Expired {
 			expired = before.Token // the lease ran out now
+		}
+		if leases.Held() < held {
+			m.expiries.Add(1)
 		}
 	case OpTxn:
 		r.Txn, r.Err = applyTxn(tx, c)

@@ -38,6 +38,20 @@ type Options struct {
 	// after this much time with writes, or this many bytes of log.
 	CheckpointEvery time.Duration
 	CheckpointBytes int64
+
+	// Observer, if set, is told of every group commit and checkpoint (for
+	// metrics).
+	Observer Observer
+}
+
+// Observer is told what the commit path does. The batch leader calls it,
+// between the commit and the next batch: it must return quickly.
+type Observer interface {
+	// Committed reports a group commit: the commands it applied and the
+	// time its log record took to write and sync.
+	Committed(commands int, sync time.Duration)
+	// Checkpointed reports a checkpoint of the log into the data file.
+	Checkpointed(d time.Duration)
 }
 
 // DefaultOptions returns the defaults documented in README.md.

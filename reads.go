@@ -61,10 +61,12 @@ func (m *Machine) Locks(now time.Duration, prefix, start string, limit, maxBytes
 }
 
 // Counters fills in the store-wide counters of s: last token, revision,
-// live keys, data size, leases held and callers queued.
+// live keys, data size, leases held and callers queued, and the grants
+// and expiries this machine applied since it was opened.
 func (m *Machine) Counters(s *Status) error {
 	s.Locks = m.leases.Held()
 	s.Waiters = m.leases.TotalWaiting()
+	s.Grants, s.Expiries = m.granted.Load(), m.expiries.Load()
 	return m.view(0, func(tx *kv.Tx, _ time.Duration) error {
 		s.LastToken, s.Revision, s.Keys, s.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()
 		return nil

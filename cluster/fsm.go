@@ -38,6 +38,10 @@ type fsm struct {
 
 	sinceCkpt int
 	lastCkpt  time.Time
+
+	smu    sync.Mutex     // guards snaps, snapSt
+	snaps  uint64         // snapshots taken
+	snapSt fencekv.Status // the counters of the last one
 }
 
 var (
@@ -133,7 +137,26 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 		return nil, err
 	}
 	f.sinceCkpt, f.lastCkpt = 0, time.Now()
+	// Nothing is applied while raft takes the snapshot: the published
+	// counters are the snapshot's (a backup reports them).
+	var st fencekv.Status
+	if err := f.m.Counters(&st); err != nil {
+		s.Close()
+		return nil, err
+	}
+	f.smu.Lock()
+	f.snaps++
+	f.snapSt = st
+	f.smu.Unlock()
 	return &snapshot{s}, nil
+}
+
+// lastSnapshot returns the number of snapshots taken and the counters of
+// the last.
+func (f *fsm) lastSnapshot() (uint64, fencekv.Status) {
+	f.smu.Lock()
+	defer f.smu.Unlock()
+	return f.snaps, f.snapSt
 }
 
 // Restore replaces the machine's state with a snapshot from the leader.

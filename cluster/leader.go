@@ -32,6 +32,7 @@ func (n *Node) watchLeader(obs chan raft.Observation) {
 			if !ok {
 				continue
 			}
+			n.leaderChanges.Add(1)
 			addr := ""
 			if m, ok := n.mdel.meta(string(lo.LeaderID)); ok && string(lo.LeaderID) != n.cfg.Name {
 				addr = m.Client
@@ -102,6 +103,20 @@ func (n *Node) lead(ctx context.Context) {
 		}
 		if n.raft.State() != raft.Leader {
 			return
+		}
+	}
+	if n.seeding() {
+		// A dir restored from a backup: put its state into the raft log as
+		// a snapshot before taking any command (ops.go).
+		for {
+			err := n.seed()
+			if err == nil {
+				break
+			}
+			n.log.Warn("seeding the cluster from the restored store", "err", err)
+			if !n.pause(ctx, 200*time.Millisecond) || n.raft.State() != raft.Leader {
+				return
+			}
 		}
 	}
 	n.log.Info("leading", "term", term)

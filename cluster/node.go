@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -58,6 +59,9 @@ type Node struct {
 
 	notify   chan bool // raft's leadership notifications
 	observer *raft.Observer
+
+	leaderChanges atomic.Uint64 // leader observations (metrics)
+	seeds         *seedState    // set while the store restored from a backup has yet to seed the cluster (ops.go)
 
 	hmu    sync.Mutex          // guards kicked
 	kicked map[string]struct{} // locks freed (or with a new waiter) for the hand-off loop to look at
@@ -126,6 +130,9 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	closers = append(closers, closerFunc(func() error { return n.raft.Shutdown().Error() }), n.trans, n.store)
+	if err := n.checkSeed(); err != nil {
+		return nil, err
+	}
 
 	n.reads.n = n
 	n.fwd.n = n

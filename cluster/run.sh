@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make cluster: three fencekv nodes on loopback in one terminal.
 # Clients on 127.0.0.1:7420, 7421, 7422; raft on 7430-7432; gossip on
-# 7440-7442; data under ./fencekv-cluster-data. Ctrl-C stops all three.
+# 7440-7442; /metrics, /healthz, /readyz on 7480-7482; data under
+# ./fencekv-cluster-data. Ctrl-C stops all three.
 set -euo pipefail
 bin=${1:-bin/fencekv}
 data=${DATA:-./fencekv-cluster-data}
@@ -15,7 +16,7 @@ stop() {
 trap stop INT TERM
 for i in 0 1 2; do
 	"$bin" serve --node "n$i" --data "$data/n$i" \
-		--listen "127.0.0.1:742$i" --raft "127.0.0.1:743$i" --gossip "127.0.0.1:744$i" \
+		--listen "127.0.0.1:742$i" --raft "127.0.0.1:743$i" --gossip "127.0.0.1:744$i" --http "127.0.0.1:748$i" \
 		--bootstrap-expect 3 --join 127.0.0.1:7440,127.0.0.1:7441,127.0.0.1:7442 \
 		> >(sed -u "s/^/n$i | /") 2>&1 &
 	pids+=("$!")

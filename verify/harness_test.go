@@ -134,7 +134,7 @@ func startServer(t testing.TB, dir string) *serverProc {
 // serves (or fails the test).
 func (s *serverProc) start() {
 	s.t.Helper()
-	cmd := exec.Command(s.bin, "serve", "--data", s.dir, "--listen", "127.0.0.1:0", "--log-level", "info")
+	cmd := exec.Command(s.bin, "serve", "--data", s.dir, "--listen", "127.0.0.1:0", "--http", "", "--log-level", "info")
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
 		s.t.Fatalf("server stderr: %v", err)

@@ -6,7 +6,7 @@ set -euo pipefail
 bin=$1; shift
 dir=$(mktemp -d)
 log="$dir/serve.log"
-"$bin" serve --data "$dir/data" --listen 127.0.0.1:0 2>"$log" &
+"$bin" serve --data "$dir/data" --listen 127.0.0.1:0 --http "" 2>"$log" &
 pid=$!
 trap 'kill "$pid" 2>/dev/null; wait "$pid" 2>/dev/null; rm -rf "$dir"' EXIT
 addr=""

@@ -117,6 +117,7 @@ const (
 	fLocks
 	fStartRev
 	fWatchID
+	fOffset
 )
 
 // fields maps the protocol's param names to their bits.
@@ -125,6 +126,7 @@ var fields = map[string]field{
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
 	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency, "since": fSince,
 	"compare": fCompare, "ops": fOps, "locks": fLocks, "start_revision": fStartRev, "watch_id": fWatchID,
+	"offset": fOffset,
 }
 
 func (f field) String() string {
@@ -151,6 +153,7 @@ type args struct {
 	locks                     bool
 	startRev, watchID         uint64
 	ops                       []fencekv.TxnOp
+	offset                    uint64
 	has                       field
 }
 
@@ -203,6 +206,8 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			a.token, err = decodeUint(dec)
 		case fRevision:
 			a.revision, err = decodeUint(dec)
+		case fOffset:
+			a.offset, err = decodeUint(dec)
 		case fDelta:
 			a.delta, err = decodeInt(dec)
 		case fLimit:

@@ -15,7 +15,8 @@ type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
 // a commit or a lock, and the answers that can be large are among them
 // (scan pages, lock lists, values), so that one connection builds them one
 // at a time, each within its budget of unsent answers.
-var readOnly = map[string]bool{"ping": true, "get": true, "scan": true, "lock_info": true, "locks": true, "status": true}
+var readOnly = map[string]bool{"ping": true, "get": true, "scan": true, "lock_info": true, "locks": true, "status": true,
+	"backup_read": true}
 
 // methods is the protocol: one entry per method of PROTOCOL.md.
 var methods = map[string]method{

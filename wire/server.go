@@ -63,6 +63,12 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Logger receives connection errors and recovered panics; nil discards.
 	Logger *slog.Logger
+	// Observe, if set, is called once for every request (and
+	// notification) served, after its answer is sent: its method as the
+	// client named it, the code of its refusal ("" on success) and the
+	// time from being read to being answered. It runs on the request
+	// path, concurrently: it must be quick (metrics).
+	Observe func(method string, code fencekv.Code, d time.Duration)
 }
 
 // DefaultConfig returns the documented default limits.
@@ -361,6 +367,8 @@ type conn struct {
 	waiting  bool         // the read loop waits on room
 	room     sync.Cond    // wakes the read loop: room in the budget, or it must stop
 	pending  atomic.Int64 // cost of the answers queued or being written and of the requests in flight
+
+	bk connBackup // the backup this connection reads, if any (backup.go)
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -410,6 +418,7 @@ func (c *conn) serve() {
 	// Wait for the handlers; their responses are written and flushed.
 	c.handlers.Wait()
 	c.closeWatches()
+	c.bk.release()
 	c.nc.Close()
 }
 
@@ -448,6 +457,7 @@ func (c *conn) readLoop() {
 			if m.typ == typeRequest {
 				c.reply(m.msgid, nil, asError(err))
 			}
+			c.observe(m.method, fencekv.CodeBadRequest)
 			continue
 		}
 		// Serve a request here, without a goroutine or an in-flight slot,
@@ -475,6 +485,7 @@ func (c *conn) readLoop() {
 				c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded,
 					Message: fmt.Sprintf("too many requests in flight on this connection (limit %d)", c.s.cfg.MaxInFlight)})
 			}
+			c.observe(m.method, fencekv.CodeLimitExceeded)
 			continue
 		}
 		m.params = nil // parsed into a; the frame buffer is reused
@@ -517,6 +528,11 @@ func (c *conn) frameError(dec *msgpack.Decoder, prefix []byte, err error) {
 }
 
 func (c *conn) handle(m message, a *args) {
+	var start time.Time
+	if c.s.cfg.Observe != nil {
+		start = time.Now()
+	}
+	var code fencekv.Code // of the refusal, for Observe
 	defer func() {
 		if p := recover(); p != nil {
 			c.s.log.Error("panic serving request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
@@ -524,7 +540,11 @@ func (c *conn) handle(m message, a *args) {
 			// is still held: finish frees it and answers a request.
 			e := encoderPool.Get().(*encoder)
 			e.response(m.msgid)
-			c.finish(m, e, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("internal error serving %s", m.method)})
+			code = fencekv.CodeInternal
+			c.finish(m, e, &fencekv.Error{Code: code, Message: fmt.Sprintf("internal error serving %s", m.method)})
+		}
+		if c.s.cfg.Observe != nil {
+			c.s.cfg.Observe(m.method, code, time.Since(start))
 		}
 		c.handlers.Done()
 	}()
@@ -554,7 +574,11 @@ func (c *conn) handle(m message, a *args) {
 	}
 	call, ok := methods[m.method]
 	if !ok {
-		c.finish(m, e, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: fmt.Sprintf("unknown method %.64q", m.method)})
+		call, ok = c.connMethod(m.method)
+	}
+	if !ok {
+		code = fencekv.CodeUnknownMethod
+		c.finish(m, e, &fencekv.Error{Code: code, Message: fmt.Sprintf("unknown method %.64q", m.method)})
 		return
 	}
 	// The result is written after the nil error slot; on a refusal the
@@ -566,10 +590,20 @@ func (c *conn) handle(m message, a *args) {
 	}
 	if err := call(ctx, c.s.eng, a, e); err != nil {
 		e.response(m.msgid)
-		c.finish(m, e, asError(shutdownError(ctx, err)))
+		fe := asError(shutdownError(ctx, err))
+		code = fe.Code
+		c.finish(m, e, fe)
 		return
 	}
 	c.send(m, e)
+}
+
+// observe reports a request refused by the read loop, before it was
+// served, to Config.Observe.
+func (c *conn) observe(method string, code fencekv.Code) {
+	if c.s.cfg.Observe != nil {
+		c.s.cfg.Observe(method, code, 0)
+	}
 }
 
 // shutdownError reports a blocked acquire cut short by shutdown or a closed

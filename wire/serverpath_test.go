@@ -7,6 +7,9 @@ import (
 	"net"
 	"testing"
 
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/metrics"
+	"github.com/fencekv/fencekv/wire"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -17,8 +20,21 @@ import (
 // not the disk).
 //
 //	go test -run '^$' -bench ServerPath -benchmem ./wire
-func BenchmarkServerPath(b *testing.B) {
-	ts := startServer(b, nil)
+func BenchmarkServerPath(b *testing.B) { benchServerPath(b, nil) }
+
+// BenchmarkServerPathMetrics is BenchmarkServerPath with the metrics of
+// fencekv serve observing every request and commit: the two side by side
+// show what metrics cost the request path.
+func BenchmarkServerPathMetrics(b *testing.B) {
+	m := metrics.New()
+	benchServerPath(b, func(o *fencekv.Options, c *wire.Config) {
+		o.Observer = m
+		c.Observe = m.Observe
+	})
+}
+
+func benchServerPath(b *testing.B, edit func(*fencekv.Options, *wire.Config)) {
+	ts := startServer(b, edit)
 	nc, err := net.Dial("tcp", ts.Addr)
 	if err != nil {
 		b.Fatal(err)

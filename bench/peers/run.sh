@@ -108,7 +108,7 @@ await() {
 read -r fport eport epeer rport < <("$BENCHPEERS" ports 4)
 mkdir -p "$tmp/fencekv" "$tmp/etcd" "$tmp/redis"
 
-start fencekv "$FENCEKV" serve --data "$tmp/fencekv" --listen "127.0.0.1:$fport" --log-level warn
+start fencekv "$FENCEKV" serve --data "$tmp/fencekv" --listen "127.0.0.1:$fport" --http "" --log-level warn
 await fencekv "$fport"
 
 start etcd etcd --name bench --data-dir "$tmp/etcd" \

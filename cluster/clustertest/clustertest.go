@@ -79,6 +79,7 @@ type Node struct {
 	Client string // client address
 	Raft   string
 	Gossip string
+	HTTP   string   // /metrics, /healthz, /readyz
 	Extra  []string // more serve flags
 
 	mu  sync.Mutex // guards cmd, log, exited
@@ -120,6 +121,40 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 	return c
 }
 
+// Seed starts a new cluster of n nodes from a data dir restored from a
+// backup: prepare builds the first node's data dir (fencekv.Restore into
+// the dir it is given); that node starts alone with --bootstrap-expect 1
+// and seeds the cluster once it leads; the others start on empty dirs and
+// join it. It returns once every node answers.
+func Seed(tb testing.TB, bin string, n int, o *Options, prepare func(dir string)) *Cluster {
+	tb.Helper()
+	c := &Cluster{Bin: bin, tb: tb}
+	var extra []string
+	if o != nil {
+		extra = o.Extra
+	}
+	first := c.newNode("n0", extra)
+	prepare(first.Dir)
+	c.Nodes = append(c.Nodes, first)
+	tb.Cleanup(c.stopAll)
+	c.launch(first, []string{"--bootstrap-expect", "1"})
+	c.WaitWritable(tb, 30*time.Second)
+	for range n - 1 {
+		nd := c.Add(tb)
+		deadline := time.Now().Add(30 * time.Second)
+		for {
+			if _, err := c.Status(nd); err == nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				tb.Fatalf("clustertest: %s does not answer within 30s", nd.Name)
+			}
+			time.Sleep(50 * time.Millisecond)
+		}
+	}
+	return c
+}
+
 // newNode reserves addresses and a data dir for a node.
 func (c *Cluster) newNode(name string, extra []string) *Node {
 	return &Node{
@@ -128,6 +163,7 @@ func (c *Cluster) newNode(name string, extra []string) *Node {
 		Client: freeAddr(c.tb),
 		Raft:   freeAddr(c.tb),
 		Gossip: freeAddr(c.tb),
+		HTTP:   freeAddr(c.tb),
 		Extra:  extra,
 	}
 }
@@ -178,7 +214,7 @@ func freeAddr(tb testing.TB) string {
 // launch starts the node's process.
 func (c *Cluster) launch(nd *Node, extra []string) {
 	args := []string{"serve", "--node", nd.Name, "--data", nd.Dir, "--listen", nd.Client,
-		"--raft", nd.Raft, "--gossip", nd.Gossip, "--log-level", "info"}
+		"--raft", nd.Raft, "--gossip", nd.Gossip, "--http", nd.HTTP, "--log-level", "info"}
 	args = append(args, nd.Extra...)
 	args = append(args, extra...)
 	cmd := exec.Command(c.Bin, args...)

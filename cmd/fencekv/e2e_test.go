@@ -68,7 +68,7 @@ var servingAddr = regexp.MustCompile(`msg="fencekv serving" .*addr=(\S+)`)
 func startServer(t *testing.T, dir string, extra ...string) *server {
 	t.Helper()
 	s := &server{dir: dir, log: &logBuffer{}, done: make(chan struct{})}
-	args := append([]string{"serve", "--data", dir, "--listen", "127.0.0.1:0"}, extra...)
+	args := append([]string{"serve", "--data", dir, "--listen", "127.0.0.1:0", "--http", ""}, extra...)
 	s.cmd = exec.Command(bin, args...)
 	s.cmd.Env = cleanEnv()
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
@@ -668,7 +668,7 @@ func TestServeDataDirInUse(t *testing.T) {
 	dir := t.TempDir()
 	s := startServer(t, dir)
 	c := &shell{t: t}
-	r := c.run("serve", "--data", dir, "--listen", "127.0.0.1:0")
+	r := c.run("serve", "--data", dir, "--listen", "127.0.0.1:0", "--http", "")
 	if r.code == 0 {
 		t.Fatalf("second serve on the same dir: want a non-zero exit, got %v", r)
 	}
@@ -676,7 +676,7 @@ func TestServeDataDirInUse(t *testing.T) {
 	s.shell(t).ok("ping")
 
 	// A busy address is refused too.
-	r = c.run("serve", "--data", t.TempDir(), "--listen", s.addr)
+	r = c.run("serve", "--data", t.TempDir(), "--listen", s.addr, "--http", "")
 	if r.code == 0 {
 		t.Fatalf("serve on a busy address: want a non-zero exit, got %v", r)
 	}

@@ -242,7 +242,7 @@ func TestServeMemoryIdleAfterLargeMessages(t *testing.T) {
 func startLimitedServer(t *testing.T, nofile int) *server {
 	t.Helper()
 	dir := t.TempDir()
-	serve := []string{bin, "serve", "--data", dir, "--listen", "127.0.0.1:0"}
+	serve := []string{bin, "serve", "--data", dir, "--listen", "127.0.0.1:0", "--http", ""}
 	var argv []string
 	if p, err := exec.LookPath("prlimit"); err == nil {
 		argv = append([]string{p, fmt.Sprintf("--nofile=%d:%d", nofile, nofile)}, serve...)

@@ -65,6 +65,8 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 		Commands: []*cli.Command{
 			serveCommand(),
 			checkCommand(),
+			backupCommand(),
+			restoreCommand(),
 			pingCommand(),
 			statusCommand(),
 			membersCommand(),

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/metrics"
 	"github.com/fencekv/fencekv/wire"
 	"github.com/urfave/cli/v2"
 )
@@ -50,6 +51,7 @@ Example:
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: env("LOG_FORMAT"), Usage: "text or json"},
 			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile to `FILE` until shutdown (for performance work)"},
+			&cli.StringFlag{Name: "http", Value: DefaultHTTPAddr, EnvVars: env("HTTP"), Usage: "serve /metrics, /healthz and /readyz over HTTP on `ADDRESS` (\"\" turns it off; each server on a machine needs its own)"},
 		}, clusterFlags()...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
@@ -89,8 +91,25 @@ Example:
 			defer stopProfile()
 			ctx, stop := shutdownSignals(c.Context, log)
 			defer stop()
+			// The HTTP endpoints come up first, so that /readyz can say the
+			// store is still opening.
+			ops := metrics.New()
+			o.Observer = ops
+			wc.Observe = ops.Observe
+			if addr := c.String("http"); addr != "" {
+				hs, err := ops.Listen(addr, log)
+				if err != nil {
+					return fmt.Errorf("--http: %w (each server on a machine needs its own --http address; --http \"\" turns it off)", err)
+				}
+				defer func() {
+					sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+					defer cancel()
+					hs.Close(sctx)
+				}()
+				log.Info("http endpoints", "addr", hs.Addr(), "paths", "/metrics /healthz /readyz")
+			}
 			open := func(clientAddr string) (engine, error) { return openEngine(c, c.String("data"), clientAddr, o) }
-			return serve(ctx, log, open, c.String("data"), c.String("listen"), wc, c.Duration("shutdown-timeout"), nil)
+			return serve(ctx, log, open, c.String("data"), c.String("listen"), wc, c.Duration("shutdown-timeout"), nil, ops)
 		},
 	}
 }
@@ -128,7 +147,8 @@ func shutdownSignals(parent context.Context, log *slog.Logger) (context.Context,
 // listens first, so a server that cannot bind leaves no data dir behind;
 // open then opens the engine for the address it listens on. If ready is
 // not nil, it receives the listening address once serving.
-func serve(ctx context.Context, log *slog.Logger, open func(clientAddr string) (engine, error), dir, listen string, wc wire.Config, grace time.Duration, ready chan<- string) error {
+// ops, if not nil, is told when the store is serving and when it stops.
+func serve(ctx context.Context, log *slog.Logger, open func(clientAddr string) (engine, error), dir, listen string, wc wire.Config, grace time.Duration, ready chan<- string, ops *metrics.Metrics) error {
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
 		return fmt.Errorf("listen on %s: %w", listen, err)
@@ -152,6 +172,9 @@ func serve(ctx context.Context, log *slog.Logger, open func(clientAddr string) (
 	}
 	log.Info("fencekv serving", "version", fencekv.Version, "data", dir, "addr", ln.Addr().String(), "role", st.Role,
 		"tokens_issued", uint64(st.LastToken), "keys", st.Keys, "locks", st.Locks)
+	if ops != nil {
+		ops.Attach(eng, srv)
+	}
 	if ready != nil {
 		ready <- ln.Addr().String()
 	}
@@ -160,8 +183,14 @@ func serve(ctx context.Context, log *slog.Logger, open func(clientAddr string) (
 	select {
 	case <-ctx.Done():
 	case err := <-served:
+		if ops != nil {
+			ops.Detach("the server stopped: " + err.Error())
+		}
 		eng.Close()
 		return fmt.Errorf("serving: %w", err)
+	}
+	if ops != nil {
+		ops.Detach("the server is shutting down")
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), grace)
 	defer cancel()
