@@ -5,7 +5,9 @@ package verify
 // restart that nothing acknowledged was lost (G6):
 //
 //   - writers: one per key, fenced puts of increasing values with rising
-//     tokens, and fenced incrs; each key must hold exactly its last
+//     tokens, fenced incrs, and txns that write a key and its twin
+//     together (after every kill both must agree: a txn is all or
+//     nothing, also across a crash); each key must hold exactly its last
 //     acknowledged value, or the value of the one write that was in flight
 //     at the kill, with the fence that goes with it (so fences never went
 //     down);
@@ -70,8 +72,11 @@ func crashTok(n int64) uint64 { return 1 + uint64(n)/5 }
 // counts with incr +1; either way the key's value after an accepted write
 // n is n, and its fence crashTok(n).
 type crashWriter struct {
-	key   string
-	incr  bool
+	key  string
+	incr bool
+	// txn writes key and its twin (key + "/twin") together in one txn:
+	// after any kill, both hold the same value and fence (atomicity).
+	txn   bool
 	acked int64 // the last acknowledged value; 0 for none
 	// pending is the value of the write in flight at the kill; 0 for none.
 	pending int64
@@ -122,7 +127,8 @@ func runCrashLoop(t *testing.T, cfg crashConfig) {
 	for i := range cfg.writers {
 		r.writers = append(r.writers,
 			&crashWriter{key: fmt.Sprintf("crash/put/%d", i)},
-			&crashWriter{key: fmt.Sprintf("crash/incr/%d", i), incr: true})
+			&crashWriter{key: fmt.Sprintf("crash/incr/%d", i), incr: true},
+			&crashWriter{key: fmt.Sprintf("crash/txn/%d", i), txn: true})
 	}
 	for i := range cfg.lockers {
 		r.lockers = append(r.lockers, &crashLocker{id: i, lock: fmt.Sprintf("crash/lock/%d", i)})
@@ -207,9 +213,21 @@ func (r *crashRun) runWriter(ctx context.Context, addr string, w *crashWriter) (
 		cctx, cancel := context.WithTimeout(ctx, crashOpTimeout)
 		var res fencekv.WriteResult
 		var got int64
-		if w.incr {
+		switch {
+		case w.incr:
 			got, res, err = c.Incr(cctx, []byte(w.key), 1, opts)
-		} else {
+		case w.txn:
+			v := []byte(strconv.FormatInt(n, 10))
+			var rs []fencekv.TxnResult
+			_, rs, err = c.Txn(cctx, nil, []fencekv.TxnOp{
+				{Op: fencekv.OpPut, Key: []byte(w.key), Value: v},
+				{Op: fencekv.OpPut, Key: []byte(w.key + "/twin"), Value: v},
+			}, opts)
+			if err == nil {
+				res.Fence = rs[0].Fence
+			}
+			got = n
+		default:
 			res, err = c.Put(cctx, []byte(w.key), []byte(strconv.FormatInt(n, 10)), opts)
 			got = n
 		}
@@ -348,6 +366,16 @@ func (r *crashRun) check(it int) {
 			w.acked = v
 		}
 		w.pending = 0
+		if w.txn {
+			twin, err := c.Get(ctx, []byte(w.key+"/twin"))
+			if err != nil {
+				t.Fatalf("iteration %d: get %s/twin: %v", it, w.key, err)
+			}
+			if twin.Found != e.Found || string(twin.Value) != string(e.Value) || twin.Fence != e.Fence || twin.Revision != e.Revision {
+				t.Errorf("iteration %d: txn half applied: %s = %q fence %d rev %d, its twin %q fence %d rev %d",
+					it, w.key, e.Value, e.Fence, e.Revision, twin.Value, twin.Fence, twin.Revision)
+			}
+		}
 	}
 
 	// What each lock may look like now.
