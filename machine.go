@@ -263,7 +263,7 @@ func (m *Machine) Publish(index uint64) {
 		return
 	}
 	m.store.Publish()
-	m.applied = index
+	m.applied = max(m.applied, index)
 	if len(m.events) > 0 {
 		m.sink(m.events)
 		m.events = nil

@@ -176,8 +176,12 @@ func (h *hub) publish(es []Event) {
 		h.hist[(h.head+h.n)%len(h.hist)] = e
 		h.n++
 	}
-	h.queue = append(h.queue, batch{first: h.seq + 1, events: es})
+	first := h.seq + 1
 	h.seq += uint64(len(es))
+	if len(h.watchers) == 0 {
+		return // nobody to hand it to; a watcher that starts later replays the history
+	}
+	h.queue = append(h.queue, batch{first: first, events: es})
 	select {
 	case h.wake <- struct{}{}:
 	default:
