@@ -63,7 +63,7 @@ type Machine struct {
 
 	// sink, if set, receives the events of each published batch, in
 	// order (watch.go); events holds the open batch's.
-	sink   func([]Event)
+	sink   func([]Event) (kept bool)
 	events []Event
 	hub    *hub // watchers and the history window; nil until EnableWatch
 
@@ -265,8 +265,12 @@ func (m *Machine) Publish(index uint64) {
 	m.store.Publish()
 	m.applied = max(m.applied, index)
 	if len(m.events) > 0 {
-		m.sink(m.events)
-		m.events = nil
+		if m.sink(m.events) {
+			m.events = nil // the watchers have it
+		} else {
+			clear(m.events)
+			m.events = m.events[:0]
+		}
 	}
 }
 

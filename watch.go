@@ -155,15 +155,16 @@ func newHub(size int, next Revision) *hub {
 }
 
 // publish adds a durable batch's events to the history and queues them for
-// the watchers. Called by the machine's write side.
-func (h *hub) publish(es []Event) {
+// the watchers. Called by the machine's write side. It reports whether it
+// kept es (for the watchers): if not, the caller may reuse it.
+func (h *hub) publish(es []Event) (kept bool) {
 	if len(es) == 0 {
-		return
+		return false
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
 	if h.closed {
-		return
+		return false
 	}
 	for _, e := range es {
 		if h.n == len(h.hist) {
@@ -179,13 +180,14 @@ func (h *hub) publish(es []Event) {
 	first := h.seq + 1
 	h.seq += uint64(len(es))
 	if len(h.watchers) == 0 {
-		return // nobody to hand it to; a watcher that starts later replays the history
+		return false // nobody to hand it to; a watcher that starts later replays the history
 	}
 	h.queue = append(h.queue, batch{first: first, events: es})
 	select {
 	case h.wake <- struct{}{}:
 	default:
 	}
+	return true
 }
 
 // dispatch hands queued batches to the watchers until the hub closes. A
