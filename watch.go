@@ -56,6 +56,7 @@ var ErrWatchCancelled = errors.New("fencekv: watch cancelled")
 // Watcher receives events.
 type Watcher struct {
 	o      WatchOptions
+	rev    Revision // the store's revision when it started
 	after  uint64 // the number of the last event it had when it started (guarded by h.mu)
 	ch     chan []Event
 	h      *hub
@@ -63,6 +64,11 @@ type Watcher struct {
 	err    error
 	closed bool
 }
+
+// Revision is the store's revision when the watcher started: it gets
+// every change after it (and, with StartRevision, the kept ones from
+// there).
+func (w *Watcher) Revision() Revision { return w.rev }
 
 // Events delivers batches of events in revision order. It is closed when
 // the watcher ends; Err says why.
@@ -132,6 +138,7 @@ type hub struct {
 	hist     []Event    // ring of the latest events
 	head, n  int        // oldest event at hist[head]; n events held
 	floor    Revision   // every event at or after floor is held
+	lastRev  Revision   // the revision of the last event published (floor-1 before any)
 	seq      uint64     // events published so far; the last one is number seq
 	queue    []batch    // published, not yet handed to the watchers
 	watchers map[*Watcher]struct{}
@@ -148,7 +155,7 @@ type batch struct {
 }
 
 func newHub(size int, next Revision) *hub {
-	h := &hub{hist: make([]Event, max(size, 1)), floor: next, watchers: map[*Watcher]struct{}{},
+	h := &hub{hist: make([]Event, max(size, 1)), floor: next, lastRev: next - 1, watchers: map[*Watcher]struct{}{},
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go h.dispatch()
 	return h
@@ -179,6 +186,7 @@ func (h *hub) publish(es []Event) (kept bool) {
 	}
 	first := h.seq + 1
 	h.seq += uint64(len(es))
+	h.lastRev = es[len(es)-1].Revision
 	if len(h.watchers) == 0 {
 		return false // nobody to hand it to; a watcher that starts later replays the history
 	}
@@ -237,7 +245,7 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 	}
 	// It has seen every event published so far (by the replay, or by
 	// starting from now); the dispatcher hands it the later ones.
-	w := &Watcher{o: o, ch: make(chan []Event, o.Buffer), h: h, after: h.seq}
+	w := &Watcher{o: o, ch: make(chan []Event, o.Buffer), h: h, after: h.seq, rev: h.lastRev}
 	if o.StartRevision != 0 {
 		if o.StartRevision < h.floor {
 			return nil, &Error{Code: CodeCompacted, Revision: h.floor,

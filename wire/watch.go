@@ -49,8 +49,9 @@ func (c *conn) watch(a *args, e *encoder) (start func(), err error) {
 	c.ws.all[id] = w
 	c.ws.wg.Add(1)
 	c.ws.mu.Unlock()
-	e.EncodeMapLen(1)
+	e.EncodeMapLen(2)
 	e.uint("watch_id", id)
+	e.uint("revision", uint64(w.Revision()))
 	return func() { go c.sendEvents(id, w) }, nil
 }
 

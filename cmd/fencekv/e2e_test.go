@@ -819,3 +819,46 @@ func TestGracefulShutdownUnderLoad(t *testing.T) {
 	}
 	s2.stop(t)
 }
+
+// TestWatchCLI: fencekv watch prints each change under its prefix as it
+// happens, one JSON object a line, and stops cleanly on SIGINT.
+func TestWatchCLI(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	c := s.shell(t)
+	p := c.start("watch", "cfg/", "--locks", "--json")
+	// The watch is on once a write before it is not printed and one
+	// after it is: write until something shows.
+	waitFor(t, 10*time.Second, "the watch to print", func() bool {
+		c.ok("put", "cfg/probe", "x")
+		return strings.Contains(p.stdout.String(), "cfg/probe")
+	})
+	c.ok("put", "cfg/a", "1")
+	c.ok("put", "other", "1")
+	c.ok("lock", "acquire", "cfg/L")
+	waitFor(t, 10*time.Second, "the lock event", func() bool { return strings.Contains(p.stdout.String(), `"acquired"`) })
+	if err := p.cmd.Process.Signal(syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(t, 10*time.Second)
+	if r.code != 0 {
+		t.Fatalf("watch exited %d: %s", r.code, r.stderr)
+	}
+	var types []string
+	for _, line := range strings.Split(strings.TrimSpace(r.stdout), "\n") {
+		var e map[string]any
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("line %q: %v", line, err)
+		}
+		if e["key"] == "other" {
+			t.Fatalf("watch of cfg/ printed %v", e)
+		}
+		if e["key"] == "cfg/probe" {
+			continue
+		}
+		types = append(types, fmt.Sprint(e["type"], " ", e["key"], e["lock"]))
+	}
+	if want := "[put cfg/a<nil> acquired <nil>cfg/L]"; fmt.Sprint(types) != want {
+		t.Fatalf("events %v; want %s", types, want)
+	}
+}

@@ -72,6 +72,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 			membersCommand(),
 			refusalsCommand(),
 			txnCommand(),
+			watchCommand(),
 			getCommand(),
 			putCommand(),
 			delCommand(),
