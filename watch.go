@@ -57,7 +57,7 @@ var ErrWatchCancelled = errors.New("fencekv: watch cancelled")
 type Watcher struct {
 	o      WatchOptions
 	rev    Revision // the store's revision when it started
-	after  uint64 // the number of the last event it had when it started (guarded by h.mu)
+	after  uint64   // the number of the last event it had when it started (guarded by h.mu)
 	ch     chan []Event
 	h      *hub
 	mu     sync.Mutex // guards err, closed
