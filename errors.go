@@ -35,6 +35,9 @@ const (
 	CodeNotLeader     = fence.CodeNotLeader
 	CodeLimitExceeded = fence.CodeLimitExceeded
 	CodeInternal      = fence.CodeInternal
+
+	CodeUnauthenticated  = fence.CodeUnauthenticated
+	CodePermissionDenied = fence.CodePermissionDenied
 )
 
 // Sentinels for errors.Is; each matches every refusal with its code.
@@ -50,6 +53,9 @@ var (
 	ErrUnavailable   = fence.ErrUnavailable   // is returned when the DB is closed or failed
 	ErrLimitExceeded = fence.ErrLimitExceeded // is returned when a limit such as MaxWaiters is reached
 	ErrInternal      = fence.ErrInternal      // is returned when a bug (a recovered panic) failed the request
+
+	ErrUnauthenticated  = fence.ErrUnauthenticated  // is returned by a server with an auth file before the connection authenticated, or for a wrong name or secret
+	ErrPermissionDenied = fence.ErrPermissionDenied // is returned when the principal has no right to the method, key or lock name
 )
 
 // ErrLocked is returned by Open when another process has the data dir open.
