@@ -111,6 +111,8 @@ const (
 	fLockDelay
 	fStrict
 	fConsistency
+	fName   // auth
+	fSecret // auth
 )
 
 // fields maps the protocol's param names to their bits.
@@ -118,6 +120,7 @@ var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
 	"token": fToken, "revision": fRevision, "delta": fDelta, "limit": fLimit, "ttl_ms": fTTL,
 	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency,
+	"name": fName, "secret": fSecret,
 }
 
 func (f field) String() string {
@@ -139,12 +142,14 @@ type args struct {
 	ttlMs, waitMs, delayMs    int64
 	strict                    bool
 	consistency               string
+	name                      string // auth
+	secret                    []byte // auth
 	has                       field
 }
 
 // size is the memory the arguments hold: their bytes, plus the struct.
 func (a *args) size() int64 {
-	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)) + entryOverhead
+	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)+len(a.name)+len(a.secret)) + entryOverhead
 }
 
 // parseArgs decodes the params map. Unknown fields are ignored, so newer
@@ -205,6 +210,12 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			var b []byte
 			b, err = decodeBytes(dec)
 			a.consistency = string(b)
+		case fName:
+			var b []byte
+			b, err = decodeBytes(dec)
+			a.name = string(b)
+		case fSecret:
+			a.secret, err = decodeBytes(dec)
 		case fStrict:
 			a.strict, err = dec.DecodeBool()
 			if err != nil {

@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -63,6 +64,14 @@ type Config struct {
 	WriteTimeout time.Duration
 	// Logger receives connection errors and recovered panics; nil discards.
 	Logger *slog.Logger
+
+	// TLS, if set, makes every connection TLS (tls.go): the handshake
+	// comes first, and a connection that fails it is closed, logged,
+	// and changes nothing. Set ClientAuth and ClientCAs for mutual TLS.
+	TLS *tls.Config
+	// Auth, if set, requires every connection to authenticate and checks
+	// each request against its principal's rights (auth.go).
+	Auth Authenticator
 }
 
 // DefaultConfig returns the documented default limits.
@@ -95,12 +104,18 @@ type Server struct {
 	closing   bool
 
 	connWG sync.WaitGroup // one per connection
+
+	tlsLog, authLog logLimiter // refused handshakes and failed auth calls, logged once per host per burst
 }
 
 // NewServer returns a server for eng.
 func NewServer(eng Engine, cfg Config) (*Server, error) {
 	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.MaxPendingBytes <= 0 || cfg.WriteTimeout <= 0 {
 		return nil, errors.New("wire: limits must be positive")
+	}
+	if cfg.TLS != nil {
+		cfg.TLS = cfg.TLS.Clone()
+		cfg.TLS.MinVersion = max(cfg.TLS.MinVersion, tls.VersionTLS12) // tls.go
 	}
 	s := &Server{
 		eng:       eng,
@@ -236,6 +251,10 @@ func (s *Server) accept(nc net.Conn) {
 	}
 	if len(s.conns) >= s.cfg.MaxConns {
 		s.mu.Unlock()
+		if s.cfg.TLS != nil {
+			nc.Close() // no handshake for a connection that will not be served
+			return
+		}
 		s.refuse(nc, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
 		return
 	}
@@ -343,6 +362,8 @@ type conn struct {
 	waits  context.Context
 	cancel context.CancelFunc
 
+	sess *session // with Config.Auth: who the connection is (auth.go)
+
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
 
@@ -362,10 +383,16 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	if s.cfg.TLS != nil {
+		nc = tls.Server(nc, s.cfg.TLS) // the handshake comes first in serve
+	}
 	c := &conn{
 		s:     s,
 		nc:    nc,
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
+	}
+	if s.cfg.Auth != nil {
+		c.sess = &session{}
 	}
 	c.room.L = &c.wmu
 	c.waits, c.cancel = context.WithCancel(s.base)
@@ -396,6 +423,11 @@ func putEncoder(e *encoder) {
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
+	if !c.handshake() { // tls.go
+		c.cancel()
+		c.nc.Close()
+		return
+	}
 	c.readLoop()
 	// No more requests will come: end this connection's blocked acquires
 	// now (their callers are gone, or the server is shutting down), so
@@ -535,6 +567,12 @@ func (c *conn) handle(m message, a *args) {
 	ctx := context.Background()
 	if m.method == "acquire" {
 		ctx = c.waits
+	}
+	ctx, ferr := c.authorize(ctx, m.method, a) // auth.go
+	if ferr != nil {
+		e.response(m.msgid)
+		c.finish(m, e, ferr)
+		return
 	}
 	if err := call(ctx, c.s.eng, a, e); err != nil {
 		e.response(m.msgid)
