@@ -50,7 +50,7 @@ Example:
 			&cli.StringFlag{Name: "log-level", Value: "info", EnvVars: env("LOG_LEVEL"), Usage: "debug, info, warn or error"},
 			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: env("LOG_FORMAT"), Usage: "text or json"},
 			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile to `FILE` until shutdown (for performance work)"},
-		}, clusterFlags()...),
+		}, append(clusterFlags(), serveSecurityFlags()...)...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("serve takes no arguments, got %q", c.Args().Slice())
@@ -72,6 +72,13 @@ Example:
 			wc.MaxConns = c.Int("max-conns")
 			wc.MaxInFlight = c.Int("max-in-flight")
 			wc.MaxPendingBytes = c.Int("max-pending-bytes")
+			// TLS and auth (security.go).
+			sec, err := serverSecurityOf(c, c.String("node") != "")
+			if err != nil {
+				return err
+			}
+			sec.configure(&wc)
+			defer sec.reloadOnHangup(log, c.String("node") != "")()
 
 			// Each connection takes a file descriptor: allow as many as
 			// the system lets this process have. Past that, new clients
@@ -89,7 +96,7 @@ Example:
 			defer stopProfile()
 			ctx, stop := shutdownSignals(c.Context, log)
 			defer stop()
-			open := func(clientAddr string) (engine, error) { return openEngine(c, c.String("data"), clientAddr, o) }
+			open := func(clientAddr string) (engine, error) { return openEngine(c, c.String("data"), clientAddr, o, sec) }
 			return serve(ctx, log, open, c.String("data"), c.String("listen"), wc, c.Duration("shutdown-timeout"), nil)
 		},
 	}
