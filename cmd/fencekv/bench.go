@@ -113,9 +113,9 @@ func runBench(ctx context.Context, addr string, do *wire.DialOptions, cfg bench.
 		return fmt.Errorf("%w (is 'fencekv serve' running at %s? set --addr or FENCEKV_ADDR)", err, addr)
 	}
 	count, err := bench.CountCommitsWith(ctx, addr, do)
-	if errors.Is(err, fencekv.ErrPermissionDenied) {
+	if denied := err; errors.Is(denied, fencekv.ErrPermissionDenied) {
 		// status needs admin: run without the group-commit figures.
-		count, err = func(context.Context) (bench.Commits, error) { return bench.Commits{}, err }, nil
+		count, err = func(context.Context) (bench.Commits, error) { return bench.Commits{}, denied }, nil
 	}
 	if err != nil {
 		return hint(err)
@@ -125,7 +125,7 @@ func runBench(ctx context.Context, addr string, do *wire.DialOptions, cfg bench.
 		return hint(err)
 	}
 	var gc *bench.Commits
-	if c, cerr := count(context.WithoutCancel(ctx)); cerr == nil && c.Commits > 0 {
+	if c, cerr := count(context.WithoutCancel(ctx)); cerr == nil {
 		gc = &c
 	}
 	if asJSON {

@@ -284,11 +284,30 @@ func (s *serverSecurity) checkNodePrincipal(f *auth.File) error {
 	return nil
 }
 
-// configure puts the client port's TLS and auth into the server's config.
-func (s *serverSecurity) configure(wc *wire.Config) {
+// configure puts the client port's TLS and auth into the server's config,
+// and logs what is on.
+func (s *serverSecurity) configure(wc *wire.Config, log *slog.Logger) {
 	wc.TLS = s.clientTLS
+	attrs := []any{"tls", s.clientTLS != nil}
+	if s.clientTLS != nil {
+		certs := map[tls.ClientAuthType]string{tls.RequireAndVerifyClientCert: "required", tls.VerifyClientCertIfGiven: "nodes' or none"}[s.clientTLS.ClientAuth]
+		if certs == "" {
+			certs = "none"
+		}
+		attrs = append(attrs, "client_certificates", certs, "certificate", s.cert.Subject.CommonName, "expires", s.cert.NotAfter.Format("2006-01-02"))
+	}
 	if s.store != nil {
 		wc.Auth = wireAuth{s.store}
+		attrs = append(attrs, "auth_file", s.store.Path(), "principals", s.store.File().Len())
+	}
+	if s.raftTLS != nil {
+		attrs = append(attrs, "raft_tls", true)
+	}
+	if s.gossipKey != nil {
+		attrs = append(attrs, "gossip_encrypted", true)
+	}
+	if s.clientTLS != nil || s.store != nil || s.gossipKey != nil {
+		log.Info("security", attrs...)
 	}
 }
 

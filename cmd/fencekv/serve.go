@@ -77,7 +77,7 @@ Example:
 			if err != nil {
 				return err
 			}
-			sec.configure(&wc)
+			sec.configure(&wc, log)
 			defer sec.reloadOnHangup(log, c.String("node") != "")()
 
 			// Each connection takes a file descriptor: allow as many as
