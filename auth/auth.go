@@ -20,7 +20,7 @@
 // NAME). A # at the start of a line or after a space starts a comment.
 //
 // Secrets are hashed with bcrypt (golang.org/x/crypto/bcrypt): salted,
-// slow by design (cost 10: about 50 ms of a CPU per check), and compared
+// slow by design (cost 10: about 70 ms of a CPU per check), and compared
 // in constant time. A library beats code of our own here: the format is
 // self-describing (cost and salt travel with the hash) and well reviewed.
 package auth
