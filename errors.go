@@ -36,6 +36,9 @@ const (
 	CodeLimitExceeded = fence.CodeLimitExceeded
 	CodeInternal      = fence.CodeInternal
 	CodeCompacted     = fence.CodeCompacted
+
+	CodeUnauthenticated  = fence.CodeUnauthenticated
+	CodePermissionDenied = fence.CodePermissionDenied
 )
 
 // Sentinels for errors.Is; each matches every refusal with its code.
@@ -52,6 +55,9 @@ var (
 	ErrLimitExceeded = fence.ErrLimitExceeded      // is returned when a limit such as MaxWaiters is reached
 	ErrInternal      = fence.ErrInternal           // is returned when a bug (a recovered panic) failed the request
 	ErrCompacted     = &Error{Code: CodeCompacted} // is returned when a watch starts before the history kept
+
+	ErrUnauthenticated  = fence.ErrUnauthenticated  // is returned by a server with an auth file before the connection authenticated, or for a wrong name or secret
+	ErrPermissionDenied = fence.ErrPermissionDenied // is returned when the principal has no right to the method, key or lock name
 )
 
 // ErrLocked is returned by Open when another process has the data dir open.

@@ -13,6 +13,7 @@ require (
 	github.com/urfave/cli/v2 v2.27.7
 	github.com/vmihailenco/msgpack/v5 v5.4.1
 	go.etcd.io/bbolt v1.5.0
+	golang.org/x/crypto v0.57.0
 	pgregory.net/rapid v1.3.0
 )
 

@@ -11,9 +11,12 @@ import (
 // DialFencekv returns a Dialer of fencekv servers at addr (host:port): each
 // Driver is a wire.Client of its own. Acquire with a wait queues on the
 // server (first come, first served); Put is a put with the token.
-func DialFencekv(addr string) Dialer {
+func DialFencekv(addr string) Dialer { return DialFencekvWith(addr, nil) }
+
+// DialFencekvWith is DialFencekv with o's TLS and credentials.
+func DialFencekvWith(addr string, o *wire.DialOptions) Dialer {
 	return func(ctx context.Context) (Driver, error) {
-		c, err := wire.Dial(ctx, addr)
+		c, err := wire.DialWith(ctx, addr, o)
 		if err != nil {
 			return nil, err
 		}
@@ -58,8 +61,14 @@ type Commits struct {
 // a func that reads them again and reports the difference. Status reads
 // are not commands, so they do not count themselves.
 func CountCommits(ctx context.Context, addr string) (func(context.Context) (Commits, error), error) {
+	return CountCommitsWith(ctx, addr, nil)
+}
+
+// CountCommitsWith is CountCommits with o's TLS and credentials (status
+// needs the admin right on a server with an auth file).
+func CountCommitsWith(ctx context.Context, addr string, o *wire.DialOptions) (func(context.Context) (Commits, error), error) {
 	status := func(ctx context.Context) (fencekv.Status, error) {
-		c, err := wire.Dial(ctx, addr)
+		c, err := wire.DialWith(ctx, addr, o)
 		if err != nil {
 			return fencekv.Status{}, err
 		}

@@ -19,12 +19,15 @@
 package cluster
 
 import (
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
 )
 
 // Config configures a Node. Start from DefaultConfig.
@@ -52,6 +55,20 @@ type Config struct {
 
 	// Engine holds the limits, logger and clock shared with a single node.
 	Engine fencekv.Options
+
+	// RaftTLS, if set, makes raft's connections mutual TLS (tls.go): it
+	// must require and verify client certificates (ClientAuth, ClientCAs)
+	// and verify the peers it dials (RootCAs; the server name is the
+	// peer's raft host), with the node's certificate in Certificates.
+	RaftTLS *tls.Config
+	// GossipKey, if set, encrypts and authenticates gossip with AES-GCM
+	// (memberlist's SecretKey: 16, 24 or 32 bytes, the same on every
+	// node).
+	GossipKey []byte
+	// Dial connects the forwarder to the leader's client address; nil is
+	// wire.Dial. A node whose client port is TLS dials with TLS and its
+	// own certificate, which the leader's client port verifies.
+	Dial func(ctx context.Context, addr string) (*wire.Client, error)
 
 	// Raft timing and log compaction (the defaults suit a LAN; tests
 	// make snapshots frequent).
@@ -88,6 +105,8 @@ func (c *Config) validate() error {
 		return errors.New("cluster: --reap-after and --hold-timeout must be positive")
 	case c.HeartbeatTimeout <= 0 || c.ElectionTimeout <= 0:
 		return errors.New("cluster: raft timeouts must be positive")
+	case len(c.GossipKey) != 0 && len(c.GossipKey) != 16 && len(c.GossipKey) != 24 && len(c.GossipKey) != 32:
+		return fmt.Errorf("cluster: the gossip key is %d bytes; want 16, 24 or 32", len(c.GossipKey))
 	}
 	for name, addr := range map[string]string{"client": c.ClientAddr, "raft": c.RaftAddr, "gossip": c.GossipAddr} {
 		if _, _, err := net.SplitHostPort(addr); err != nil {

@@ -34,7 +34,11 @@ func (f *forwarder) client(ctx context.Context, addr string) (*wire.Client, erro
 		f.c.Close()
 		f.c = nil
 	}
-	c, err := wire.Dial(ctx, addr)
+	dial := f.n.cfg.Dial // TLS and the node's certificate, when the client port is TLS
+	if dial == nil {
+		dial = wire.Dial
+	}
+	c, err := dial(ctx, addr)
 	if err != nil {
 		return nil, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "cannot reach the leader: " + err.Error()}
 	}

@@ -153,6 +153,11 @@ func (n *Node) startGossip() error {
 	mc.Delegate = n.mdel
 	mc.Events = n.mdel
 	mc.LogOutput = slogWriter{n.log.With("component", "gossip")}
+	if len(n.cfg.GossipKey) > 0 {
+		// Encrypts and authenticates every gossip message (AES-GCM);
+		// a member without the key can neither join nor be heard.
+		mc.SecretKey = n.cfg.GossipKey
+	}
 	n.ml, err = memberlist.Create(mc)
 	if err != nil {
 		return fmt.Errorf("cluster: gossip: %w", err)

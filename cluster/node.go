@@ -207,7 +207,16 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft address: %w", err)
 	}
-	n.trans, err = raft.NewTCPTransportWithLogger(n.cfg.RaftAddr, addr, 3, 10*time.Second, rc.Logger)
+	if n.cfg.RaftTLS != nil {
+		// Mutual TLS between peers (tls.go).
+		var stream *tlsStream
+		if stream, err = newTLSStream(n.cfg.RaftAddr, addr, n.cfg.RaftTLS); err == nil {
+			n.trans = raft.NewNetworkTransportWithConfig(&raft.NetworkTransportConfig{
+				Stream: stream, MaxPool: 3, Timeout: 10 * time.Second, Logger: rc.Logger})
+		}
+	} else {
+		n.trans, err = raft.NewTCPTransportWithLogger(n.cfg.RaftAddr, addr, 3, 10*time.Second, rc.Logger)
+	}
 	if err != nil {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft transport: %w", err)

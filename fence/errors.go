@@ -27,6 +27,9 @@ const (
 	CodeLimitExceeded Code = "limit_exceeded" // a server-side limit (connections, in-flight requests, waiters) is reached
 	CodeInternal      Code = "internal"       // a bug: the server recovered from a panic while serving the request
 	CodeCompacted     Code = "compacted"      // a watch asked for a revision older than the history kept; Revision is the oldest kept
+
+	CodeUnauthenticated  Code = "unauthenticated"   // the connection has not authenticated (or its name or secret was wrong)
+	CodePermissionDenied Code = "permission_denied" // the principal has no right to this method, key or lock name
 )
 
 // Error is a refusal: a stable Code plus the facts a caller needs to act on
@@ -100,6 +103,13 @@ var (
 	// ErrInternal is returned when the server recovered from a bug (a
 	// panic) while serving the request.
 	ErrInternal = &Error{Code: CodeInternal}
+	// ErrUnauthenticated is returned when a server with an auth file is
+	// asked for anything but ping and auth before the connection has
+	// authenticated, and by auth for a wrong name or secret.
+	ErrUnauthenticated = &Error{Code: CodeUnauthenticated}
+	// ErrPermissionDenied is returned when the authenticated principal has
+	// no right to the method, key or lock name.
+	ErrPermissionDenied = &Error{Code: CodePermissionDenied}
 )
 
 // Errorf returns an *Error with the code and a formatted message.

@@ -43,7 +43,7 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := wire.Dial(ctx, cfg.Addr)
+			c, err := wire.DialWith(ctx, cfg.Addr, cfg.Dial)
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
@@ -82,7 +82,7 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 	if firstErr != nil {
 		return firstErr
 	}
-	c, err := wire.Dial(ctx, cfg.Addr)
+	c, err := wire.DialWith(ctx, cfg.Addr, cfg.Dial)
 	if err != nil {
 		return err
 	}

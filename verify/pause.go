@@ -29,6 +29,11 @@ import (
 // -held, naming the lock) and reports the outcome. It returns the process
 // exit status. fencekv verify runs it in a child process.
 func ClientMain(args []string, stdin io.Reader, stdout io.Writer) int {
+	return ClientMainWith(args, stdin, stdout, nil)
+}
+
+// ClientMainWith is ClientMain dialing with o's TLS and credentials.
+func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.DialOptions) int {
 	fs := flag.NewFlagSet("verify-client", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	addr := fs.String("addr", "", "server address")
@@ -40,7 +45,7 @@ func ClientMain(args []string, stdin io.Reader, stdout io.Writer) int {
 		return 2
 	}
 	ctx := context.Background()
-	c, err := wire.Dial(ctx, *addr)
+	c, err := wire.DialWith(ctx, *addr, o)
 	if err != nil {
 		fmt.Fprintf(stdout, "error %v\n", err)
 		return 1

@@ -42,6 +42,9 @@ type Config struct {
 	Client func(args []string) *exec.Cmd
 	// Progress, if set, receives a line per finished phase.
 	Progress io.Writer
+	// Dial holds the TLS and credentials of the verifier's connections
+	// (nil: plain, none). The paused clients get theirs from Client.
+	Dial *wire.DialOptions
 }
 
 // Defaults are the values a zero Config field takes.
@@ -120,7 +123,7 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	start := time.Now()
 	rep := &Report{Prefix: "verify/" + randomID() + "/"}
-	c, err := wire.Dial(ctx, cfg.Addr)
+	c, err := wire.DialWith(ctx, cfg.Addr, cfg.Dial)
 	if err != nil {
 		return nil, err
 	}

@@ -83,14 +83,19 @@ type call struct {
 // errTakeRead, sent on a waiting call's done, hands it the read side.
 var errTakeRead = errors.New("wire: take over reading")
 
-// Dial connects to a fencekv server at addr (host:port).
+// Dial connects to a fencekv server at addr (host:port) over plain TCP;
+// DialWith (tls.go) adds TLS and credentials.
 func Dial(ctx context.Context, addr string) (*Client, error) {
-	var d net.Dialer
-	nc, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
+	return DialWith(ctx, addr, nil)
+}
+
+// newClient makes a client of a connection just dialed.
+func newClient(nc net.Conn, addr string) *Client {
+	tcp := nc
+	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
+		tcp = tc.NetConn() // under TLS
 	}
-	if tc, ok := nc.(*net.TCPConn); ok {
+	if tc, ok := tcp.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
 	c := &Client{
@@ -103,7 +108,7 @@ func Dial(ctx context.Context, addr string) (*Client, error) {
 	}
 	c.enc = msgpack.NewEncoder(c.bw)
 	c.dec = msgpack.NewDecoder(c.br)
-	return c, nil
+	return c
 }
 
 // Addr is the server address the client dialed.

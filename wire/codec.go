@@ -118,6 +118,8 @@ const (
 	fStartRev
 	fWatchID
 	fOffset
+	fName   // auth
+	fSecret // auth
 )
 
 // fields maps the protocol's param names to their bits.
@@ -127,6 +129,7 @@ var fields = map[string]field{
 	"wait_ms": fWait, "lock_delay_ms": fLockDelay, "strict": fStrict, "consistency": fConsistency, "since": fSince,
 	"compare": fCompare, "ops": fOps, "locks": fLocks, "start_revision": fStartRev, "watch_id": fWatchID,
 	"offset": fOffset,
+	"name":   fName, "secret": fSecret,
 }
 
 func (f field) String() string {
@@ -154,12 +157,14 @@ type args struct {
 	startRev, watchID         uint64
 	ops                       []fencekv.TxnOp
 	offset                    uint64
+	name                      string // auth
+	secret                    []byte // auth
 	has                       field
 }
 
 // size is the memory the arguments hold: their bytes, plus the struct.
 func (a *args) size() int64 {
-	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)) + entryOverhead
+	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)+len(a.name)+len(a.secret)) + entryOverhead
 }
 
 // parseArgs decodes the params map. Unknown fields are ignored, so newer
@@ -237,6 +242,12 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			var b []byte
 			b, err = decodeBytes(dec)
 			a.consistency = string(b)
+		case fName:
+			var b []byte
+			b, err = decodeBytes(dec)
+			a.name = string(b)
+		case fSecret:
+			a.secret, err = decodeBytes(dec)
 		case fStrict:
 			a.strict, err = dec.DecodeBool()
 			if err != nil {

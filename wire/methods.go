@@ -36,6 +36,7 @@ var methods = map[string]method{
 	"members":   members,
 	"refusals":  refusals,
 	"txn":       txn,
+	"auth":      authenticate, // auth.go
 }
 
 // reads applies the read's consistency: "" or "linearizable" (the
@@ -177,7 +178,7 @@ func scan(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err != nil {
 		return err
 	}
-	items, more, err := eng.Scan(ctx, fencekv.ScanOptions{Prefix: a.prefix, Start: a.start, Limit: int(clampInt(a.limit))})
+	items, more, err := scanPage(ctx, eng, a) // clipped to the principal's rights (auth.go)
 	if err != nil {
 		return err
 	}
@@ -285,7 +286,7 @@ func locks(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err != nil {
 		return err
 	}
-	ls, more, err := eng.Locks(ctx, string(a.prefix), string(a.start), int(clampInt(a.limit)))
+	ls, more, err := locksPage(ctx, eng, a) // clipped to the principal's rights (auth.go)
 	if err != nil {
 		return err
 	}

@@ -3,6 +3,7 @@ package wire
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -69,6 +70,14 @@ type Config struct {
 	// time from being read to being answered. It runs on the request
 	// path, concurrently: it must be quick (metrics).
 	Observe func(method string, code fencekv.Code, d time.Duration)
+
+	// TLS, if set, makes every connection TLS (tls.go): the handshake
+	// comes first, and a connection that fails it is closed, logged,
+	// and changes nothing. Set ClientAuth and ClientCAs for mutual TLS.
+	TLS *tls.Config
+	// Auth, if set, requires every connection to authenticate and checks
+	// each request against its principal's rights (auth.go).
+	Auth Authenticator
 }
 
 // DefaultConfig returns the documented default limits.
@@ -101,12 +110,18 @@ type Server struct {
 	closing   bool
 
 	connWG sync.WaitGroup // one per connection
+
+	tlsLog, authLog logLimiter // refused handshakes and failed auth calls, logged once per host per burst
 }
 
 // NewServer returns a server for eng.
 func NewServer(eng Engine, cfg Config) (*Server, error) {
 	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.MaxPendingBytes <= 0 || cfg.WriteTimeout <= 0 {
 		return nil, errors.New("wire: limits must be positive")
+	}
+	if cfg.TLS != nil {
+		cfg.TLS = cfg.TLS.Clone()
+		cfg.TLS.MinVersion = max(cfg.TLS.MinVersion, tls.VersionTLS12) // tls.go
 	}
 	s := &Server{
 		eng:       eng,
@@ -242,6 +257,10 @@ func (s *Server) accept(nc net.Conn) {
 	}
 	if len(s.conns) >= s.cfg.MaxConns {
 		s.mu.Unlock()
+		if s.cfg.TLS != nil {
+			nc.Close() // no handshake for a connection that will not be served
+			return
+		}
 		s.refuse(nc, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
 		return
 	}
@@ -351,6 +370,8 @@ type conn struct {
 	cancel context.CancelFunc
 	ws     watches // the connection's watchers (watch.go)
 
+	sess *session // with Config.Auth: who the connection is (auth.go)
+
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
 
@@ -372,10 +393,16 @@ type conn struct {
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
+	if s.cfg.TLS != nil {
+		nc = tls.Server(nc, s.cfg.TLS) // the handshake comes first in serve
+	}
 	c := &conn{
 		s:     s,
 		nc:    nc,
 		slots: make(chan struct{}, s.cfg.MaxInFlight),
+	}
+	if s.cfg.Auth != nil {
+		c.sess = &session{}
 	}
 	c.room.L = &c.wmu
 	// Every request's context carries the client's address (for the
@@ -409,6 +436,11 @@ func putEncoder(e *encoder) {
 
 func (c *conn) serve() {
 	defer c.s.forget(c)
+	if !c.handshake() { // tls.go
+		c.cancel()
+		c.nc.Close()
+		return
+	}
 	c.readLoop()
 	// No more requests will come: end this connection's blocked acquires
 	// now (their callers are gone, or the server is shutting down), so
@@ -550,33 +582,12 @@ func (c *conn) handle(m message, a *args) {
 	}()
 	e := encoderPool.Get().(*encoder)
 	e.response(m.msgid)
-	switch m.method {
-	case "watch", "unwatch":
-		// Methods of the connection itself, not the engine.
-		e.EncodeNil()
-		var start func()
-		var err error
-		if m.method == "watch" {
-			start, err = c.watch(a, e)
-		} else {
-			err = c.unwatch(a, e)
-		}
-		if err != nil {
-			e.response(m.msgid)
-			c.finish(m, e, asError(err))
-			return
-		}
-		c.send(m, e)
-		if start != nil {
-			start()
-		}
-		return
-	}
 	call, ok := methods[m.method]
 	if !ok {
 		call, ok = c.connMethod(m.method)
 	}
-	if !ok {
+	watching := m.method == "watch" || m.method == "unwatch" // methods of the connection itself (watch.go)
+	if !ok && !watching {
 		code = fencekv.CodeUnknownMethod
 		c.finish(m, e, &fencekv.Error{Code: code, Message: fmt.Sprintf("unknown method %.64q", m.method)})
 		return
@@ -587,6 +598,34 @@ func (c *conn) handle(m message, a *args) {
 	ctx := c.base
 	if m.method == "acquire" {
 		ctx = c.waits
+	}
+	ctx, ferr := c.authorize(ctx, m.method, a) // auth.go
+	if ferr != nil {
+		e.response(m.msgid)
+		code = ferr.Code
+		c.finish(m, e, ferr)
+		return
+	}
+	if watching {
+		var start func()
+		var err error
+		if m.method == "watch" {
+			start, err = c.watch(a, e)
+		} else {
+			err = c.unwatch(a, e)
+		}
+		if err != nil {
+			e.response(m.msgid)
+			fe := asError(err)
+			code = fe.Code
+			c.finish(m, e, fe)
+			return
+		}
+		c.send(m, e)
+		if start != nil {
+			start() // after the answer is queued: the client reads the id first
+		}
+		return
 	}
 	if err := call(ctx, c.s.eng, a, e); err != nil {
 		e.response(m.msgid)

@@ -3,6 +3,7 @@ package wire
 import (
 	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"net"
@@ -27,6 +28,7 @@ type Watcher struct {
 	o     fencekv.WatchOptions
 	ch    chan []fencekv.Event
 	dial  func(ctx context.Context, addr string) (net.Conn, error)
+	creds *DialOptions // User and Secret, if set, authenticate each connection
 
 	ctx    context.Context
 	cancel context.CancelFunc
@@ -44,13 +46,29 @@ type Watcher struct {
 // it moves to another when one fails). The first connection is made before
 // Watch returns; a refusal then (such as compacted) is returned.
 func Watch(ctx context.Context, addrs []string, o fencekv.WatchOptions) (*Watcher, error) {
+	return WatchWith(ctx, addrs, o, nil)
+}
+
+// WatchWith is Watch with TLS and credentials (see DialOptions): every
+// connection it makes is dialed with d.TLS and, if d.User is set,
+// authenticated before the watch starts.
+func WatchWith(ctx context.Context, addrs []string, o fencekv.WatchOptions, d *DialOptions) (*Watcher, error) {
 	if len(addrs) == 0 {
 		return nil, errors.New("wire: watch: no address")
 	}
-	w := &Watcher{addrs: addrs, o: o, ch: make(chan []fencekv.Event, 64), done: make(chan struct{})}
+	if d == nil {
+		d = &DialOptions{}
+	}
+	w := &Watcher{addrs: addrs, o: o, ch: make(chan []fencekv.Event, 64), done: make(chan struct{}), creds: d}
 	w.dial = func(ctx context.Context, addr string) (net.Conn, error) {
-		var d net.Dialer
-		return d.DialContext(ctx, "tcp", addr)
+		if d.TLS != nil {
+			cfg := d.TLS.Clone()
+			cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
+			td := tls.Dialer{Config: cfg}
+			return td.DialContext(ctx, "tcp", addr)
+		}
+		var nd net.Dialer
+		return nd.DialContext(ctx, "tcp", addr)
 	}
 	w.ctx, w.cancel = context.WithCancel(context.Background())
 	if o.StartRevision > 0 {
@@ -98,7 +116,7 @@ func (w *Watcher) connect(ctx context.Context, i int, start fencekv.Revision) (n
 			errs = append(errs, err)
 			continue
 		}
-		dec, rev, err := startWatch(nc, w.o, start)
+		dec, rev, err := startWatch(nc, w.o, start, w.creds)
 		if err != nil {
 			nc.Close()
 			var fe *fencekv.Error
@@ -116,47 +134,70 @@ func (w *Watcher) connect(ctx context.Context, i int, start fencekv.Revision) (n
 	return nil, nil, fmt.Errorf("wire: watch: no server answered: %w", errors.Join(errs...))
 }
 
-// startWatch sends the watch request on nc and reads its answer.
-func startWatch(nc net.Conn, o fencekv.WatchOptions, start fencekv.Revision) (*msgpack.Decoder, fencekv.Revision, error) {
+// startWatch authenticates nc if creds name a user, sends the watch
+// request, and reads the answers.
+func startWatch(nc net.Conn, o fencekv.WatchOptions, start fencekv.Revision, creds *DialOptions) (*msgpack.Decoder, fencekv.Revision, error) {
 	params := map[string]any{"prefix": o.Prefix, "locks": o.Locks}
 	if start > 0 {
 		params["start_revision"] = uint64(start)
 	}
-	b, err := msgpack.Marshal([]any{0, 1, "watch", []any{params}})
-	if err != nil {
-		return nil, 0, err
-	}
 	nc.SetDeadline(time.Now().Add(10 * time.Second))
-	if _, err := nc.Write(b); err != nil {
-		return nil, 0, err
-	}
 	dec := msgpack.NewDecoder(bufio.NewReader(nc))
-	if n, err := dec.DecodeArrayLen(); err != nil || n != 4 {
-		return nil, 0, fmt.Errorf("wire: watch: bad answer (%d elements): %v", n, err)
+	send := func(msg []any) error {
+		b, err := msgpack.Marshal(msg)
+		if err == nil {
+			_, err = nc.Write(b)
+		}
+		return err
 	}
-	if _, err := dec.DecodeInt(); err != nil { // type 1
+	if creds.User != "" {
+		// Authenticate first, and wait for it: requests on a connection
+		// may be served concurrently.
+		if err := send([]any{0, 0, "auth", []any{map[string]any{"name": creds.User, "secret": creds.Secret}}}); err != nil {
+			return nil, 0, err
+		}
+		if _, err := readAnswer(dec, func(dec *msgpack.Decoder, _ string) error { return dec.Skip() }); err != nil {
+			return nil, 0, fmt.Errorf("wire: authenticate as %q: %w", creds.User, err)
+		}
+	}
+	if err := send([]any{0, 1, "watch", []any{params}}); err != nil {
 		return nil, 0, err
-	}
-	if _, err := dec.DecodeInt(); err != nil { // msgid
-		return nil, 0, err
-	}
-	ferr, err := decodeError(dec)
-	if err != nil {
-		return nil, 0, err
-	}
-	if ferr != nil {
-		dec.Skip()
-		return nil, 0, ferr
 	}
 	var rev uint64
-	err = eachField(dec, func(dec *msgpack.Decoder, k string) error {
+	if _, err := readAnswer(dec, func(dec *msgpack.Decoder, k string) error {
 		if k == "revision" {
 			return decodeTo(dec, &rev)
 		}
 		return dec.Skip()
-	})
+	}); err != nil {
+		return nil, 0, err
+	}
 	nc.SetDeadline(time.Time{})
-	return dec, fencekv.Revision(rev), err
+	return dec, fencekv.Revision(rev), nil
+}
+
+// readAnswer reads one response [1, msgid, error, result], calling field
+// for each field of a map result.
+func readAnswer(dec *msgpack.Decoder, field func(*msgpack.Decoder, string) error) (uint32, error) {
+	if n, err := dec.DecodeArrayLen(); err != nil || n != 4 {
+		return 0, fmt.Errorf("wire: watch: bad answer (%d elements): %v", n, err)
+	}
+	if _, err := dec.DecodeInt(); err != nil { // type 1
+		return 0, err
+	}
+	msgid, err := dec.DecodeUint32()
+	if err != nil {
+		return 0, err
+	}
+	ferr, err := decodeError(dec)
+	if err != nil {
+		return msgid, err
+	}
+	if ferr != nil {
+		dec.Skip()
+		return msgid, ferr
+	}
+	return msgid, eachField(dec, field)
 }
 
 // run reads notifications and delivers events, reconnecting as needed.

@@ -94,11 +94,21 @@ type Cluster struct {
 	Bin   string
 	Nodes []*Node
 	tb    testing.TB
+	dial  *wire.DialOptions // TLS and credentials of the cluster's own clients
+	extra []string          // Options.Extra
+	// nodeExtra is Options.NodeExtra.
+	nodeExtra func(name string) []string
 }
 
 // Options tune Start.
 type Options struct {
 	Extra []string // serve flags for every node (e.g. "--reap-after", "2s")
+	// NodeExtra, if set, gives more serve flags for the node called name
+	// (n0, n1, ...): its own certificate, for instance.
+	NodeExtra func(name string) []string
+	// Dial holds the TLS and credentials with which the cluster's helpers
+	// (Dial, Leader, Status, WaitWritable) reach the nodes.
+	Dial *wire.DialOptions
 }
 
 // Start starts n nodes that bootstrap one cluster (--bootstrap-expect n,
@@ -107,11 +117,14 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 	tb.Helper()
 	c := &Cluster{Bin: bin, tb: tb}
 	var extra []string
+	var nodeExtra func(string) []string
 	if o != nil {
-		extra = o.Extra
+		extra, nodeExtra, c.dial = o.Extra, o.NodeExtra, o.Dial
 	}
+	c.extra, c.nodeExtra = extra, nodeExtra
 	for i := range n {
-		c.Nodes = append(c.Nodes, c.newNode(fmt.Sprintf("n%d", i), extra))
+		name := fmt.Sprintf("n%d", i)
+		c.Nodes = append(c.Nodes, c.newNode(name, c.flagsOf(name)))
 	}
 	tb.Cleanup(c.stopAll)
 	for _, nd := range c.Nodes {
@@ -129,11 +142,10 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 func Seed(tb testing.TB, bin string, n int, o *Options, prepare func(dir string)) *Cluster {
 	tb.Helper()
 	c := &Cluster{Bin: bin, tb: tb}
-	var extra []string
 	if o != nil {
-		extra = o.Extra
+		c.extra, c.nodeExtra, c.dial = o.Extra, o.NodeExtra, o.Dial
 	}
-	first := c.newNode("n0", extra)
+	first := c.newNode("n0", c.flagsOf("n0"))
 	prepare(first.Dir)
 	c.Nodes = append(c.Nodes, first)
 	tb.Cleanup(c.stopAll)
@@ -153,6 +165,15 @@ func Seed(tb testing.TB, bin string, n int, o *Options, prepare func(dir string)
 		}
 	}
 	return c
+}
+
+// flagsOf is the serve flags Start's options give the node called name.
+func (c *Cluster) flagsOf(name string) []string {
+	flags := append([]string{}, c.extra...)
+	if c.nodeExtra != nil {
+		flags = append(flags, c.nodeExtra(name)...)
+	}
+	return flags
 }
 
 // newNode reserves addresses and a data dir for a node.
@@ -182,7 +203,8 @@ func (c *Cluster) gossipList(except *Node) string {
 // Add starts one more node that joins the running cluster.
 func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
 	tb.Helper()
-	nd := c.newNode(fmt.Sprintf("n%d", len(c.Nodes)), append(append([]string{}, c.Nodes[0].Extra...), extra...))
+	name := fmt.Sprintf("n%d", len(c.Nodes))
+	nd := c.newNode(name, append(c.flagsOf(name), extra...))
 	join := c.gossipList(nd)
 	c.Nodes = append(c.Nodes, nd)
 	c.launch(nd, []string{"--join", join})
@@ -342,7 +364,7 @@ func (c *Cluster) Dial(tb testing.TB, nd *Node) *wire.Client {
 	tb.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	cl, err := wire.Dial(ctx, nd.Client)
+	cl, err := wire.DialWith(ctx, nd.Client, c.dial)
 	if err != nil {
 		tb.Fatalf("clustertest: dial %s: %v", nd.Name, err)
 	}
@@ -373,7 +395,7 @@ func (c *Cluster) leader() *Node {
 			continue
 		}
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		st, err := status(ctx, nd)
+		st, err := status(ctx, nd, c.dial)
 		cancel()
 		if err != nil {
 			continue
@@ -395,8 +417,8 @@ type Status struct {
 	Applied      uint64
 }
 
-func status(ctx context.Context, nd *Node) (Status, error) {
-	cl, err := wire.Dial(ctx, nd.Client)
+func status(ctx context.Context, nd *Node, o *wire.DialOptions) (Status, error) {
+	cl, err := wire.DialWith(ctx, nd.Client, o)
 	if err != nil {
 		return Status{}, err
 	}
@@ -409,7 +431,7 @@ func status(ctx context.Context, nd *Node) (Status, error) {
 func (c *Cluster) Status(nd *Node) (Status, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	return status(ctx, nd)
+	return status(ctx, nd, c.dial)
 }
 
 // Others returns the running nodes other than nd.
@@ -433,7 +455,7 @@ func (c *Cluster) WaitWritable(tb testing.TB, within time.Duration) {
 				continue
 			}
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			cl, err := wire.Dial(ctx, nd.Client)
+			cl, err := wire.DialWith(ctx, nd.Client, c.dial)
 			if err == nil {
 				_, err = cl.Put(ctx, []byte("clustertest/ready"), []byte("1"), fencekv.WriteOptions{})
 				cl.Close()

@@ -18,11 +18,11 @@ const DefaultAddr = "127.0.0.1:7420"
 
 // clientFlags are shared by every command that talks to a server.
 func clientFlags() []cli.Flag {
-	return []cli.Flag{
+	return append([]cli.Flag{
 		&cli.StringFlag{Name: "addr", Value: DefaultAddr, EnvVars: []string{"FENCEKV_ADDR"}, Usage: "server `ADDRESS` (host:port); a comma-separated list of a cluster's nodes tries each in turn"},
 		&cli.DurationFlag{Name: "timeout", Value: 10 * time.Second, EnvVars: []string{"FENCEKV_TIMEOUT"}, Usage: "give up on the server after this long (waits for locks come on top)"},
 		&cli.BoolFlag{Name: "json", Usage: "print the result as JSON, for scripts"},
-	}
+	}, clientSecurityFlags()...) // security.go
 }
 
 // writeFlags are the fencing options of the write commands.
@@ -43,14 +43,47 @@ func writeOptions(c *cli.Context) fencekv.WriteOptions {
 func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context, cl *wire.Client) error) error {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout")+extra)
 	defer cancel()
-	cl, err := dialAny(ctx, splitList(c.String("addr")))
+	do, err := clientSecurityOf(c).dialOptions()
 	if err != nil {
-		return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
+		return err
+	}
+	cl, err := dialAny(ctx, splitList(c.String("addr")), do)
+	if err != nil {
+		return dialError(err)
 	}
 	defer cl.Close()
 	err = fn(ctx, cl)
+	if errors.Is(err, wire.ErrClientClosed) {
+		err = closedHint(err, do)
+	}
 	if errors.Is(err, context.DeadlineExceeded) {
 		return fmt.Errorf("no answer from %s within %v (--timeout)", c.String("addr"), c.Duration("timeout")+extra)
+	}
+	return err
+}
+
+// dialError explains a failed dial: a refusal of the credentials keeps
+// its code (and exit status); anything else is a server not reached.
+func dialError(err error) error {
+	var fe *fencekv.Error
+	if errors.As(err, &fe) {
+		return err
+	}
+	return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
+}
+
+// closedHint explains a connection the server closed without an answer:
+// most often a TLS server refusing a plain client, or a client without the
+// certificate it requires.
+func closedHint(err error, do *wire.DialOptions) error {
+	var fe *fencekv.Error
+	switch {
+	case errors.As(err, &fe):
+		return err // the server said why (limit_exceeded)
+	case do.TLS == nil:
+		return fmt.Errorf("%w (the server closed the connection: does it require TLS? set --tls-ca)", err)
+	case len(do.TLS.Certificates) == 0:
+		return fmt.Errorf("%w (the server closed the connection: does it require a client certificate? set --tls-cert and --tls-key)", err)
 	}
 	return err
 }

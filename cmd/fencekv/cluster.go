@@ -38,7 +38,7 @@ type engine interface {
 
 // openEngine opens the single node's DB, or, with --node, a cluster node
 // whose clients reach it at clientAddr.
-func openEngine(c *cli.Context, dir, clientAddr string, o fencekv.Options) (engine, error) {
+func openEngine(c *cli.Context, dir, clientAddr string, o fencekv.Options, sec *serverSecurity) (engine, error) {
 	name := c.String("node")
 	if name == "" {
 		for _, f := range []string{"raft", "gossip", "join", "bootstrap-expect"} {
@@ -71,6 +71,7 @@ func openEngine(c *cli.Context, dir, clientAddr string, o fencekv.Options) (engi
 	cc.SnapshotThreshold = c.Uint64("snapshot-threshold")
 	cc.TrailingLogs = c.Uint64("trailing-logs")
 	cc.Engine = o
+	sec.configureCluster(&cc) // raft TLS, gossip key, forwarding over TLS (security.go)
 	n, err := cluster.Open(cc)
 	if errors.Is(err, fencekv.ErrLocked) {
 		return nil, fmt.Errorf("data dir %s is in use by another fencekv process", dir)
@@ -129,15 +130,20 @@ Example:
 	}
 }
 
-// dialAny connects to the first of addrs that answers.
-func dialAny(ctx context.Context, addrs []string) (*wire.Client, error) {
+// dialAny connects to the first of addrs that answers (and lets it in,
+// with o's TLS and credentials).
+func dialAny(ctx context.Context, addrs []string, o *wire.DialOptions) (*wire.Client, error) {
 	var errs []error
 	for _, a := range addrs {
 		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		cl, err := wire.Dial(dctx, a)
+		cl, err := wire.DialWith(dctx, a, o)
 		cancel()
 		if err == nil {
 			return cl, nil
+		}
+		var fe *fencekv.Error
+		if errors.As(err, &fe) {
+			return nil, err // the server answered: refused credentials are not a dead node
 		}
 		errs = append(errs, err)
 	}

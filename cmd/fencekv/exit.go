@@ -18,6 +18,9 @@ const (
 	exitCondition = 5 // compare_failed, not_integer
 	exitNotFound  = 6 // get of a missing key
 	exitViolation = 7 // verify found a broken guarantee
+
+	exitUnauthenticated = 8 // unauthenticated: no credentials, or a wrong name or secret
+	exitDenied          = 9 // permission_denied: the principal has no right to it
 )
 
 // usageError marks a mistake in the command line.
@@ -59,6 +62,10 @@ func exitCode(err error) int {
 			return exitCondition
 		case fencekv.CodeBadRequest, fencekv.CodeTooLarge, fencekv.CodeUnknownMethod:
 			return exitUsage
+		case fencekv.CodeUnauthenticated:
+			return exitUnauthenticated
+		case fencekv.CodePermissionDenied:
+			return exitDenied
 		}
 	}
 	return exitError

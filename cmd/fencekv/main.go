@@ -52,7 +52,8 @@ Exit status: 0 ok; 1 server or connection error; 2 usage error (bad
 arguments, bad_request, too_large); 3 refused by fencing (stale_token,
 not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
 condition failed (compare_failed, not_integer); 6 key not found (get);
-7 verify found a broken guarantee.`,
+7 verify found a broken guarantee; 8 unauthenticated (no or wrong
+credentials); 9 permission_denied.`,
 		Reader:          stdin,
 		Writer:          stdout,
 		ErrWriter:       stderr,
@@ -85,6 +86,7 @@ condition failed (compare_failed, not_integer); 6 key not found (get);
 			verifyCommand(),
 			verifyClientCommand(),
 			benchCommand(),
+			authCommand(),
 		},
 	}
 	app.Action = helpOrUnknown(cli.ShowAppHelp)

@@ -83,9 +83,13 @@ func runLocked(c *cli.Context) error {
 	defer signal.Stop(sigs)
 
 	ctx := c.Context
-	cl, err := wire.Dial(ctx, c.String("addr"))
+	do, err := clientSecurityOf(c).dialOptions()
 	if err != nil {
-		return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
+		return err
+	}
+	cl, err := dialAny(ctx, splitList(c.String("addr")), do)
+	if err != nil {
+		return dialError(err)
 	}
 	defer cl.Close()
 	lo := &wire.LockOptions{AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder}}
@@ -124,6 +128,8 @@ func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []strin
 		"FENCEKV_LOCK="+l.Name,
 		"FENCEKV_ADDR="+c.String("addr"),
 	)
+	// The command's own fencekv calls reach the server the same way.
+	cmd.Env = append(cmd.Env, clientSecurityOf(c).env()...)
 	// The guard leads its own process group (the command is in it), so
 	// that a lost lease stops the command's children too.
 	if err := cmd.Start(); err != nil {

@@ -52,7 +52,7 @@ Example:
 			&cli.StringFlag{Name: "log-format", Value: "text", EnvVars: env("LOG_FORMAT"), Usage: "text or json"},
 			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile to `FILE` until shutdown (for performance work)"},
 			&cli.StringFlag{Name: "http", Value: DefaultHTTPAddr, EnvVars: env("HTTP"), Usage: "serve /metrics, /healthz and /readyz over HTTP on `ADDRESS` (\"\" turns it off; each server on a machine needs its own)"},
-		}, clusterFlags()...),
+		}, append(clusterFlags(), serveSecurityFlags()...)...),
 		Action: func(c *cli.Context) error {
 			if c.NArg() > 0 {
 				return usagef("serve takes no arguments, got %q", c.Args().Slice())
@@ -74,6 +74,13 @@ Example:
 			wc.MaxConns = c.Int("max-conns")
 			wc.MaxInFlight = c.Int("max-in-flight")
 			wc.MaxPendingBytes = c.Int("max-pending-bytes")
+			// TLS and auth (security.go).
+			sec, err := serverSecurityOf(c, c.String("node") != "")
+			if err != nil {
+				return err
+			}
+			sec.configure(&wc, log)
+			defer sec.reloadOnHangup(log, c.String("node") != "")()
 
 			// Each connection takes a file descriptor: allow as many as
 			// the system lets this process have. Past that, new clients
@@ -108,7 +115,7 @@ Example:
 				}()
 				log.Info("http endpoints", "addr", hs.Addr(), "paths", "/metrics /healthz /readyz")
 			}
-			open := func(clientAddr string) (engine, error) { return openEngine(c, c.String("data"), clientAddr, o) }
+			open := func(clientAddr string) (engine, error) { return openEngine(c, c.String("data"), clientAddr, o, sec) }
 			return serve(ctx, log, open, c.String("data"), c.String("listen"), wc, c.Duration("shutdown-timeout"), nil, ops)
 		},
 	}

@@ -43,6 +43,11 @@ Scratch keys and locks live under verify/<random>/ and are deleted at the end
 			if err != nil {
 				return err
 			}
+			sec := clientSecurityOf(c)
+			do, err := sec.dialOptions()
+			if err != nil {
+				return err
+			}
 			cfg := verify.Config{
 				Addr:    c.String("addr"),
 				Rounds:  c.Int("rounds"),
@@ -50,8 +55,11 @@ Scratch keys and locks live under verify/<random>/ and are deleted at the end
 				Clients: c.Int("clients"),
 				Updates: c.Int("updates"),
 				Client: func(args []string) *exec.Cmd {
-					return exec.Command(self, append([]string{"verify-client"}, args...)...)
+					cmd := exec.Command(self, append([]string{"verify-client"}, args...)...)
+					cmd.Env = append(os.Environ(), sec.env()...) // TLS and credentials, by file
+					return cmd
 				},
+				Dial:     do,
 				Progress: c.App.ErrWriter,
 			}
 			if cfg.Rounds < 0 || cfg.Updates < 0 || cfg.Clients <= 0 || cfg.TTL <= 0 {
@@ -82,7 +90,11 @@ func verifyClientCommand() *cli.Command {
 		Hidden:          true,
 		SkipFlagParsing: true,
 		Action: func(c *cli.Context) error {
-			if code := verify.ClientMain(c.Args().Slice(), c.App.Reader, c.App.Writer); code != 0 {
+			do, err := clientSecurityFromEnv().dialOptions()
+			if err != nil {
+				return err
+			}
+			if code := verify.ClientMainWith(c.Args().Slice(), c.App.Reader, c.App.Writer, do); code != 0 {
 				return statusError(code)
 			}
 			return nil

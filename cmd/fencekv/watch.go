@@ -39,9 +39,13 @@ Example:
 			// Until interrupted: SIGINT or SIGTERM end it cleanly (exit 0).
 			ctx, stop := signal.NotifyContext(c.Context, os.Interrupt, syscall.SIGTERM)
 			defer stop()
-			w, err := wire.Watch(ctx, splitList(c.String("addr")), o)
+			do, err := clientSecurityOf(c).dialOptions()
 			if err != nil {
-				return refused(c, err)
+				return err
+			}
+			w, err := wire.WatchWith(ctx, splitList(c.String("addr")), o, do)
+			if err != nil {
+				return refused(c, dialError(err))
 			}
 			defer w.Close()
 			for {
