@@ -29,10 +29,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -97,18 +95,6 @@ type Store struct {
 	up Upgrade // what Open did to an older file
 }
 
-// overlay holds, for every key and lock changed since the last checkpoint,
-// its record as of the last Publish, and the counters.
-type overlay struct {
-	mu    sync.RWMutex      // held for reading by every read-only Tx for its life; for writing by Publish and Checkpoint
-	keys  map[string][]byte // key -> record as in the keys bucket, the live flag cleared for a deleted key (fence and revision, no value); nil: no record
-	locks map[string][]byte // lock -> record; nil: deleted
-	set   bool              // the counters below are newer than the file's
-	rev   Revision
-	last  Token
-	live  uint64
-}
-
 // Open opens or creates the data file at path. It fails with ErrLocked when
 // another process has it open, with ErrSchema when the file was written by
 // another schema version, and with a *DamagedError (ErrDamaged) when its
@@ -142,7 +128,7 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("kv: open %s: %w", path, err)
 	}
-	s := &Store{db: db, ov: overlay{keys: map[string][]byte{}, locks: map[string][]byte{}}}
+	s := &Store{db: db, ov: newOverlay()}
 	if err := safely(path, s.init); err != nil {
 		db.Close()
 		return nil, err
@@ -268,27 +254,33 @@ func (s *Store) Close() error {
 
 // Begin starts a transaction. Only one writable transaction exists at a
 // time (and none while a Writer is open); read-only ones run concurrently
-// with it and see the last commit plus what was last published. A
-// read-only Tx must be ended with Rollback, soon: it holds off Publish and
-// Checkpoint.
+// with it and see the last commit plus what was published when they
+// began, for their whole life (see overlay.go). A read-only Tx must be
+// ended with Rollback; until then it keeps the versions of records it may
+// read, and bbolt keeps its pages.
 func (s *Store) Begin(writable bool) (*Tx, error) {
-	if !writable {
-		s.ov.mu.RLock()
-	}
-	btx, err := s.db.Begin(writable)
-	if err != nil {
-		if !writable {
-			s.ov.mu.RUnlock()
+	if writable {
+		btx, err := s.db.Begin(true)
+		if err != nil {
+			return nil, fmt.Errorf("kv: begin: %w", err)
 		}
+		t := &Tx{tx: btx}
+		t.counters()
+		return t, nil
+	}
+	// The bbolt transaction and the view together: Checkpoint commits
+	// and starts a new generation under the write lock.
+	s.ov.mu.RLock()
+	btx, err := s.db.Begin(false)
+	var v *view
+	if err == nil {
+		v = s.ov.pin()
+	}
+	s.ov.mu.RUnlock()
+	if err != nil {
 		return nil, fmt.Errorf("kv: begin: %w", err)
 	}
-	t := &Tx{tx: btx}
-	if writable {
-		t.counters()
-	} else {
-		t.ov = &s.ov
-	}
-	return t, nil
+	return &Tx{tx: btx, view: v}, nil
 }
 
 // Writer returns the open writable transaction, beginning one if none is
@@ -315,17 +307,9 @@ func (s *Store) Publish() {
 	if w == nil {
 		return
 	}
-	s.ov.mu.Lock()
-	defer s.ov.mu.Unlock()
-	for k := range w.dirtyKeys {
-		s.ov.keys[k] = w.record([]byte(k))
-	}
-	for k := range w.dirtyLocks {
-		s.ov.locks[k] = bytes.Clone(w.locksBucket().Get([]byte(k)))
-	}
+	s.ov.publish(w)
 	clear(w.dirtyKeys)
 	clear(w.dirtyLocks)
-	s.ov.set, s.ov.rev, s.ov.last, s.ov.live = true, w.rev, w.lastToken, w.live
 }
 
 // Marks are the state machine's own counters, kept in the data file with
@@ -338,8 +322,9 @@ type Marks struct {
 }
 
 // Checkpoint commits the writer to the file (with fsync), recording marks
-// with it, and empties the overlay. Readers wait while it runs. Nothing
-// happens if no writer is open.
+// with it, and empties the overlay. Readers that begin while it runs wait
+// for it; open ones go on reading the state they began on. Nothing happens
+// if no writer is open.
 func (s *Store) Checkpoint(marks Marks) error {
 	w := s.w
 	if w == nil {
@@ -359,9 +344,7 @@ func (s *Store) Checkpoint(marks Marks) error {
 	if err := w.Commit(); err != nil {
 		return err
 	}
-	clear(s.ov.keys)
-	clear(s.ov.locks)
-	s.ov.set = false
+	s.ov.checkpoint()
 	return nil
 }
 
@@ -431,8 +414,8 @@ func (t *Tx) counters() {
 		return
 	}
 	t.meta = t.tx.Bucket(bucketMeta)
-	if t.ov != nil && t.ov.set {
-		t.rev, t.lastToken, t.live = t.ov.rev, t.ov.last, t.ov.live
+	if t.view != nil && t.view.set {
+		t.rev, t.lastToken, t.live = t.view.rev, t.view.last, t.view.live
 		return
 	}
 	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
@@ -475,7 +458,7 @@ type Tx struct {
 	live      uint64
 	dirty     bool // counters changed since Begin
 
-	ov                    *overlay            // read-only: consulted before the file (its lock is held)
+	view                  *view               // read-only: the overlay's state it reads before the file
 	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
 
 	steps int // records each has read from the file's buckets, for tests
@@ -508,9 +491,9 @@ func (t *Tx) Commit() error {
 // than once.
 func (t *Tx) Rollback() {
 	_ = t.tx.Rollback()
-	if t.ov != nil {
-		t.ov.mu.RUnlock()
-		t.ov = nil
+	if t.view != nil {
+		t.view.unpin()
+		t.view = nil
 	}
 }
 
@@ -578,7 +561,7 @@ func (t *Tx) Get(key []byte) Entry {
 // write. ok reports whether the key has a record (live or a tombstone).
 func (t *Tx) get(key []byte, copyValue bool) (e Entry, ok bool) {
 	e = Entry{Key: key}
-	raw, inOv := t.ov.key(key)
+	raw, inOv := t.view.key(key)
 	if !inOv {
 		if raw = t.keysBucket().Get(key); raw == nil {
 			if tomb := t.tombsBucket().Get(key); len(tomb) == tombLen {
@@ -764,7 +747,7 @@ func (t *Tx) Incr(key []byte, delta int64, w Write) (int64, Entry, error) {
 // the range.
 func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, more bool) {
 	size := 0
-	t.each(t.keysBucket(), t.ov.keysMap(), prefix, start, func(k, v []byte) bool {
+	t.each(t.keysBucket(), t.view.keysSpan, prefix, start, func(k, v []byte) bool {
 		if len(v) < recHeader || v[0]&flagLive == 0 {
 			return true
 		}
@@ -788,7 +771,7 @@ func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, mor
 // Lock returns the stored lease record of a lock, or nil. The slice is a
 // copy.
 func (t *Tx) Lock(name []byte) []byte {
-	if rec, ok := t.ov.lock(name); ok {
+	if rec, ok := t.view.lock(name); ok {
 		return bytes.Clone(rec)
 	}
 	return bytes.Clone(t.locksBucket().Get(name))
@@ -814,24 +797,18 @@ func (t *Tx) DeleteLock(name []byte) error {
 // >= start, in byte order, until fn returns false. The slices are valid only
 // during the call.
 func (t *Tx) Locks(prefix, start []byte, fn func(name, rec []byte) bool) {
-	t.each(t.locksBucket(), t.ov.locksMap(), prefix, start, fn)
+	t.each(t.locksBucket(), t.view.locksSpan, prefix, start, fn)
 }
 
 // each calls fn for the bucket's entries whose keys start with prefix and
 // are >= start, in byte order, until fn returns false, with the overlay's
-// entries in place of the file's (a nil overlay value: deleted).
-func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn func(k, v []byte) bool) {
+// records (from span) in place of the file's (a nil record: none).
+func (t *Tx) each(b *bolt.Bucket, span func(prefix, from []byte) []ovRecord, prefix, start []byte, fn func(k, v []byte) bool) {
 	from := prefix
 	if bytes.Compare(start, prefix) > 0 {
 		from = start
 	}
-	var extra []string
-	for k := range ov {
-		if strings.HasPrefix(k, string(prefix)) && k >= string(from) {
-			extra = append(extra, k)
-		}
-	}
-	slices.Sort(extra)
+	extra := span(prefix, from)
 	c := b.Cursor()
 	k, v := c.Seek(from)
 	t.steps++
@@ -846,7 +823,7 @@ func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn
 		case k == nil:
 			useOv = true
 		case len(extra) > 0:
-			switch cmp := strings.Compare(extra[0], string(k)); {
+			switch cmp := strings.Compare(extra[0].name, string(k)); {
 			case cmp < 0:
 				useOv = true
 			case cmp == 0:
@@ -856,9 +833,9 @@ func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn
 			}
 		}
 		if useOv {
-			name := extra[0]
+			r := extra[0]
 			extra = extra[1:]
-			if rec := ov[name]; rec != nil && !fn([]byte(name), rec) {
+			if r.rec != nil && !fn([]byte(r.name), r.rec) {
 				return
 			}
 			continue
@@ -869,38 +846,6 @@ func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn
 		k, v = c.Next()
 		t.steps++
 	}
-}
-
-// key returns the overlay's record of key; ok is false if the overlay does
-// not know the key (or o is nil).
-func (o *overlay) key(key []byte) ([]byte, bool) {
-	if o == nil {
-		return nil, false
-	}
-	rec, ok := o.keys[string(key)]
-	return rec, ok
-}
-
-func (o *overlay) lock(name []byte) ([]byte, bool) {
-	if o == nil {
-		return nil, false
-	}
-	rec, ok := o.locks[string(name)]
-	return rec, ok
-}
-
-func (o *overlay) keysMap() map[string][]byte {
-	if o == nil {
-		return nil
-	}
-	return o.keys
-}
-
-func (o *overlay) locksMap() map[string][]byte {
-	if o == nil {
-		return nil
-	}
-	return o.locks
 }
 
 // Size is the data file's size in bytes as of this transaction.
