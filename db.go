@@ -119,6 +119,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		db.clock = realClock{}
 	}
 	db.refusals = NewRefusalLog(o.MaxRefusals, db.log)
+	m.LogUpgrade(db.log)
 	db.epoch = db.clock.Now()
 	if err := db.replay(recs); err != nil {
 		m.Close()

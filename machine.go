@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"runtime/debug"
 	"sync"
 	"sync/atomic"
@@ -126,6 +127,14 @@ func (m *Machine) open() error {
 	}
 	m.store, m.applied, m.term, m.failed = store, marks.Applied, marks.Term, nil
 	return nil
+}
+
+// LogUpgrade logs, once, what opening did to a data file of an older
+// schema (an upgrade cannot be undone: older binaries refuse the file).
+func (m *Machine) LogUpgrade(log *slog.Logger) {
+	if u := m.store.Upgrade(); u.From != 0 {
+		log.Info("upgraded the data file's schema", "file", m.path, "from", u.From, "to", u.To, "tombstones_moved", u.Tombstones)
+	}
 }
 
 // Applied is the log index of the last published batch.

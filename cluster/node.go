@@ -121,6 +121,7 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	closers = append(closers, n.m)
+	n.m.LogUpgrade(n.log)
 	if err := n.m.EnableWatch(cfg.Engine.WatchHistory); err != nil {
 		return nil, err
 	}

@@ -9,6 +9,7 @@ import (
 	"io"
 	"os"
 	"runtime/debug"
+	"slices"
 	"strings"
 	"time"
 
@@ -67,14 +68,16 @@ func (p *problems) err(path string) error {
 
 // Report is what Check read from a sound data file.
 type Report struct {
-	Applied   uint64   // the last write-ahead log record the file reflects (wal_applied)
-	Revision  Revision // the store's revision
-	LastToken Token    // the last token issued
-	LiveKeys  uint64   // live keys, as counted by the file's counter
-	Keys      int      // key records, live or deleted (a deleted key keeps its fence)
-	Locks     int      // lock records
-	Pages     int      // pages in use (the file's high-water mark)
-	PageSize  int
+	Schema     int      // the file's schema version: SchemaVersion, or an older one Open upgrades
+	Applied    uint64   // the last write-ahead log record the file reflects (wal_applied)
+	Revision   Revision // the store's revision
+	LastToken  Token    // the last token issued
+	LiveKeys   uint64   // live keys, as counted by the file's counter
+	Keys       int      // key records, live or deleted (a deleted key keeps its fence)
+	Tombstones int      // of those, deleted keys' records
+	Locks      int      // lock records
+	Pages      int      // pages in use (the file's high-water mark)
+	PageSize   int
 }
 
 // checkLockTimeout is how long Check waits for the file lock.
@@ -84,9 +87,11 @@ const checkLockTimeout = 100 * time.Millisecond
 // read-only, walks every page reachable from its newest meta page (each
 // page in the file, of a valid type, referenced once, its elements and keys
 // within it and in order), runs bbolt's own consistency check, and checks
-// the schema version, the buckets, the counters and every key record. It
-// returns ErrLocked while another process has the file open for writing (a
-// running server), ErrSchema for another schema version, a *DamagedError
+// the schema version, the buckets, the counters and every key record. A
+// file of an older schema version that Open upgrades is checked as that
+// version laid it out (and left as it is). It returns ErrLocked while
+// another process has the file open for writing (a running server),
+// ErrSchema for a schema version Open refuses, a *DamagedError
 // (errors.Is ErrDamaged) listing what is wrong, or another error when the
 // file cannot be read at all (missing, unreadable). A panic in bbolt on a
 // damaged page is returned as damage too.
@@ -142,8 +147,17 @@ func checkSchema(tx *bolt.Tx, rep *Report, p *problems) error {
 		p.addf("no %q bucket", bucketMeta)
 		return nil
 	}
-	if v := meta.Get(metaSchema); len(v) != 8 || binary.BigEndian.Uint64(v) != SchemaVersion {
-		return fmt.Errorf("%w: file has %x, this build reads %d", ErrSchema, v, SchemaVersion)
+	switch v := meta.Get(metaSchema); {
+	case len(v) == 8 && binary.BigEndian.Uint64(v) == SchemaVersion:
+		rep.Schema = SchemaVersion
+	case len(v) == 8 && binary.BigEndian.Uint64(v) == 1:
+		rep.Schema = 1
+	default:
+		return fmt.Errorf("%w: file has %x, this build reads %d (and upgrades 1)", ErrSchema, v, SchemaVersion)
+	}
+	buckets := [][]byte{bucketMeta, bucketKeys, bucketTombs, bucketLocks}
+	if rep.Schema == 1 {
+		buckets = [][]byte{bucketMeta, bucketKeys, bucketLocks}
 	}
 	for _, c := range []struct {
 		name []byte
@@ -164,17 +178,17 @@ func checkSchema(tx *bolt.Tx, rep *Report, p *problems) error {
 		}
 	}
 	_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-		if !bytes.Equal(name, bucketMeta) && !bytes.Equal(name, bucketKeys) && !bytes.Equal(name, bucketLocks) {
+		if !slices.ContainsFunc(buckets, func(b []byte) bool { return bytes.Equal(b, name) }) {
 			p.addf("unexpected bucket %q", name)
 		}
 		return nil
 	})
-	for _, name := range [][]byte{bucketKeys, bucketLocks} {
+	for _, name := range buckets[1:] {
 		if tx.Bucket(name) == nil {
 			p.addf("no %q bucket", name)
 		}
 	}
-	for _, name := range [][]byte{bucketMeta, bucketKeys, bucketLocks} {
+	for _, name := range buckets {
 		if b := tx.Bucket(name); b != nil {
 			_ = b.ForEachBucket(func(k []byte) error {
 				p.addf("bucket %s holds a bucket %q", name, k)
@@ -192,13 +206,30 @@ func checkSchema(tx *bolt.Tx, rep *Report, p *problems) error {
 				p.addf("key %.64q: a record of %d bytes, under %d", k, len(v), recHeader)
 			case v[0]&^flagLive != 0:
 				p.addf("key %.64q: unknown flags %#x", k, v[0])
+			case v[0]&flagLive == 0 && rep.Schema != 1:
+				p.addf("key %.64q: a deleted key's record in %q, not %q", k, bucketKeys, bucketTombs)
+			case v[0]&flagLive == 0:
+				rep.Tombstones++ // schema 1: Open moves it to tombstones
 			default:
-				if v[0]&flagLive != 0 {
-					live++
-				}
-				if rev := binary.BigEndian.Uint64(v[9:17]); v[0]&flagLive != 0 && rev > uint64(rep.Revision) {
+				live++
+				if rev := binary.BigEndian.Uint64(v[9:17]); rev > uint64(rep.Revision) {
 					p.addf("key %.64q: revision %d, above the store's %d", k, rev, rep.Revision)
 				}
+			}
+			return nil
+		})
+	}
+	if b := tx.Bucket(bucketTombs); b != nil && rep.Schema != 1 {
+		keys := tx.Bucket(bucketKeys)
+		_ = b.ForEach(func(k, v []byte) error {
+			rep.Keys++
+			rep.Tombstones++
+			switch {
+			case v == nil: // a nested bucket, reported above
+			case len(v) != tombLen:
+				p.addf("tombstone %.64q: %d bytes, not %d", k, len(v), tombLen)
+			case keys != nil && keys.Get(k) != nil:
+				p.addf("key %.64q: both live and deleted", k)
 			}
 			return nil
 		})

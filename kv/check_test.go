@@ -87,7 +87,7 @@ func TestCheckSound(t *testing.T) {
 	if err != nil {
 		t.Fatalf("Check: %v", err)
 	}
-	want := Report{Applied: 42, Revision: 3300, LastToken: 3000, LiveKeys: 2700, Keys: 3000, Locks: 3, Pages: rep.Pages, PageSize: rep.PageSize}
+	want := Report{Schema: SchemaVersion, Applied: 42, Revision: 3300, LastToken: 3000, LiveKeys: 2700, Keys: 3000, Tombstones: 300, Locks: 3, Pages: rep.Pages, PageSize: rep.PageSize}
 	if rep != want || rep.Pages < 10 || rep.PageSize <= 0 {
 		t.Fatalf("Check = %+v; want %+v", rep, want)
 	}
@@ -295,6 +295,17 @@ func TestCheckRecords(t *testing.T) {
 			_, err := tx.Bucket(bucketKeys).CreateBucket([]byte("sub"))
 			return err
 		}, `holds a bucket "sub"`},
+		{"no tombstones bucket", func(tx *bolt.Tx) error { return tx.DeleteBucket(bucketTombs) }, `no "tombstones" bucket`},
+		{"deleted record in keys", func(tx *bolt.Tx) error {
+			return tx.Bucket(bucketKeys).Put([]byte("key/000001"), v1rec(false, 2, 2, ""))
+		}, `key "key/000001": a deleted key's record in "keys"`},
+		{"short tombstone", func(tx *bolt.Tx) error { return tx.Bucket(bucketTombs).Put([]byte("key/000000"), []byte{1}) }, `tombstone "key/000000": 1 bytes, not 16`},
+		{"live and deleted", func(tx *bolt.Tx) error { return tx.Bucket(bucketTombs).Put([]byte("key/000001"), make([]byte, 16)) }, `key "key/000001": both live and deleted`},
+		{"nested bucket in tombstones", func(tx *bolt.Tx) error {
+			_, err := tx.Bucket(bucketTombs).CreateBucket([]byte("sub"))
+			return err
+		}, `bucket tombstones holds a bucket "sub"`},
+		{"schema 1 with tombstones", func(tx *bolt.Tx) error { return tx.Bucket(bucketMeta).Put(metaSchema, u64(1)) }, `unexpected bucket "tombstones"`},
 	}
 	src := fullStore(t, 50)
 	for _, tt := range tests {

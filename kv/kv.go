@@ -1,17 +1,24 @@
 // Package kv is fencekv's storage engine: it owns the bbolt file and its
 // layout, and implements the fenced operations on a read-write transaction.
 //
-// The file holds three buckets:
+// The file holds four buckets:
 //
-//	meta   schema version, store-wide revision, last issued token, live key
-//	       count, and the state machine's marks: wal_applied (the last log
-//	       index the file reflects) and term (of the last lease re-arm)
-//	keys   key -> record: flags (1 byte), fence (8), revision (8), value
-//	locks  lock name -> lease record (opaque here; encoded by package lease)
+//	meta        schema version, store-wide revision, last issued token, live
+//	            key count, and the state machine's marks: wal_applied (the
+//	            last log index the file reflects) and term (of the last lease
+//	            re-arm)
+//	keys        live key -> record: flags (1 byte, always live), fence (8),
+//	            revision (8), value
+//	tombstones  deleted key -> fence (8), revision of the delete (8)
+//	locks       lock name -> lease record (opaque here; encoded by package
+//	            lease)
 //
 // Every number is stored as 8-byte big-endian, so bbolt's byte order is
-// numeric order. A deleted key keeps its record, with the live flag cleared,
-// so that its fence outlives the delete (G2).
+// numeric order. A deleted key keeps its fence, so that it outlives the
+// delete (G2), in the tombstones bucket: a key is in keys or in tombstones,
+// never both, and a scan walks only the live keys. Schema version 1 kept
+// deleted keys in keys with the live flag cleared; Open moves them (see
+// Upgrade).
 //
 // The package has no goroutines and no clocks. A Tx is used by one goroutine
 // at a time; the caller decides when it commits.
@@ -22,10 +29,8 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -34,7 +39,7 @@ import (
 )
 
 // SchemaVersion is the layout version this package reads and writes.
-const SchemaVersion = 1
+const SchemaVersion = 2
 
 // Token and Revision are fence's; kv stores them big-endian.
 type (
@@ -45,6 +50,7 @@ type (
 var (
 	bucketMeta  = []byte("meta")
 	bucketKeys  = []byte("keys")
+	bucketTombs = []byte("tombstones")
 	bucketLocks = []byte("locks")
 
 	metaSchema    = []byte("schema")
@@ -57,7 +63,8 @@ var (
 
 const (
 	flagLive  = 1
-	recHeader = 1 + 8 + 8
+	recHeader = 1 + 8 + 8 // a key record's flags, fence and revision
+	tombLen   = 8 + 8     // a tombstone: fence and revision
 )
 
 // ErrLocked is returned by Open when another process holds the file.
@@ -85,18 +92,7 @@ type Store struct {
 	db *bolt.DB
 	w  *Tx // the open writer; only the engine's batch leader touches it
 	ov overlay
-}
-
-// overlay holds, for every key and lock changed since the last checkpoint,
-// its record as of the last Publish, and the counters.
-type overlay struct {
-	mu    sync.RWMutex      // held for reading by every read-only Tx for its life; for writing by Publish and Checkpoint
-	keys  map[string][]byte // key -> record (a deleted key keeps a tombstone record)
-	locks map[string][]byte // lock -> record; nil: deleted
-	set   bool              // the counters below are newer than the file's
-	rev   Revision
-	last  Token
-	live  uint64
+	up Upgrade // what Open did to an older file
 }
 
 // Open opens or creates the data file at path. It fails with ErrLocked when
@@ -132,7 +128,7 @@ func Open(path string, opts Options) (*Store, error) {
 		}
 		return nil, fmt.Errorf("kv: open %s: %w", path, err)
 	}
-	s := &Store{db: db, ov: overlay{keys: map[string][]byte{}, locks: map[string][]byte{}}}
+	s := &Store{db: db, ov: newOverlay()}
 	if err := safely(path, s.init); err != nil {
 		db.Close()
 		return nil, err
@@ -155,16 +151,91 @@ func (s *Store) init() error {
 				return err
 			}
 		}
-		if v := meta.Get(metaSchema); len(v) != 8 || binary.BigEndian.Uint64(v) != SchemaVersion {
-			return fmt.Errorf("%w: file has %x, this build reads %d", ErrSchema, v, SchemaVersion)
+		v := meta.Get(metaSchema)
+		switch {
+		case len(v) == 8 && binary.BigEndian.Uint64(v) == SchemaVersion:
+		case len(v) == 8 && binary.BigEndian.Uint64(v) == 1:
+			n, err := upgrade1(tx)
+			if err != nil {
+				return fmt.Errorf("kv: upgrading the data file from schema 1 to %d: %w", SchemaVersion, err)
+			}
+			s.up = Upgrade{From: 1, To: SchemaVersion, Tombstones: n}
+		default:
+			return fmt.Errorf("%w: file has %x, this build reads %d (and upgrades 1)", ErrSchema, v, SchemaVersion)
 		}
-		for _, b := range [][]byte{bucketKeys, bucketLocks} {
+		for _, b := range [][]byte{bucketKeys, bucketTombs, bucketLocks} {
 			if _, err := tx.CreateBucketIfNotExists(b); err != nil {
 				return err
 			}
 		}
 		return nil
 	})
+}
+
+// Upgrade is what Open did to bring a file of an older schema version to
+// this one, in the transaction that opened it: nothing (From 0), or an
+// upgrade from version From to To that moved Tombstones deleted keys'
+// records out of the keys bucket.
+type Upgrade struct {
+	From, To   int
+	Tombstones int
+}
+
+// Upgrade reports what Open did to an older file, for the engine to log.
+func (s *Store) Upgrade() Upgrade { return s.up }
+
+// upgrade1 brings a schema 1 file to schema 2 in tx: every deleted key's
+// record (live flag cleared) moves from keys to tombstones as its fence
+// and revision. The counters and marks in meta stay as they are: the live
+// key count already counted only live records. A record too short to
+// decode is left where it is (Check reports it). It returns how many
+// records moved.
+func upgrade1(tx *bolt.Tx) (int, error) {
+	meta := tx.Bucket(bucketMeta)
+	keys, err := tx.CreateBucketIfNotExists(bucketKeys)
+	if err != nil {
+		return 0, err
+	}
+	if tx.Bucket(bucketTombs) != nil {
+		return 0, fmt.Errorf("a schema 1 file with a %q bucket", bucketTombs)
+	}
+	tombs, err := tx.CreateBucket(bucketTombs)
+	if err != nil {
+		return 0, err
+	}
+	// A chunk at a time: collect under a cursor, then delete (deleting
+	// under a bbolt cursor can skip the next key), then seek past the
+	// chunk's last key.
+	moved := 0
+	from := []byte{}
+	for {
+		var dead [][]byte
+		var last []byte
+		c := keys.Cursor()
+		for k, v := c.Seek(from); k != nil && len(dead) < 4096; k, v = c.Next() {
+			last = k
+			if v == nil || len(v) < recHeader || v[0]&flagLive != 0 {
+				continue
+			}
+			// bbolt keeps the slices given to Put until the commit, and
+			// these alias pages the deletes below may change: copy.
+			if err := tombs.Put(bytes.Clone(k), bytes.Clone(v[1:recHeader])); err != nil {
+				return 0, err
+			}
+			dead = append(dead, bytes.Clone(k))
+		}
+		if last == nil {
+			break
+		}
+		from = append(bytes.Clone(last), 0)
+		for _, k := range dead {
+			if err := keys.Delete(k); err != nil {
+				return 0, err
+			}
+		}
+		moved += len(dead)
+	}
+	return moved, meta.Put(metaSchema, u64(SchemaVersion))
 }
 
 // Close closes the file, discarding what the writer has not checkpointed.
@@ -183,27 +254,33 @@ func (s *Store) Close() error {
 
 // Begin starts a transaction. Only one writable transaction exists at a
 // time (and none while a Writer is open); read-only ones run concurrently
-// with it and see the last commit plus what was last published. A
-// read-only Tx must be ended with Rollback, soon: it holds off Publish and
-// Checkpoint.
+// with it and see the last commit plus what was published when they
+// began, for their whole life (see overlay.go). A read-only Tx must be
+// ended with Rollback; until then it keeps the versions of records it may
+// read, and bbolt keeps its pages.
 func (s *Store) Begin(writable bool) (*Tx, error) {
-	if !writable {
-		s.ov.mu.RLock()
-	}
-	btx, err := s.db.Begin(writable)
-	if err != nil {
-		if !writable {
-			s.ov.mu.RUnlock()
+	if writable {
+		btx, err := s.db.Begin(true)
+		if err != nil {
+			return nil, fmt.Errorf("kv: begin: %w", err)
 		}
+		t := &Tx{tx: btx}
+		t.counters()
+		return t, nil
+	}
+	// The bbolt transaction and the view together: Checkpoint commits
+	// and starts a new generation under the write lock.
+	s.ov.mu.RLock()
+	btx, err := s.db.Begin(false)
+	var v *view
+	if err == nil {
+		v = s.ov.pin()
+	}
+	s.ov.mu.RUnlock()
+	if err != nil {
 		return nil, fmt.Errorf("kv: begin: %w", err)
 	}
-	t := &Tx{tx: btx}
-	if writable {
-		t.counters()
-	} else {
-		t.ov = &s.ov
-	}
-	return t, nil
+	return &Tx{tx: btx, view: v}, nil
 }
 
 // Writer returns the open writable transaction, beginning one if none is
@@ -230,17 +307,9 @@ func (s *Store) Publish() {
 	if w == nil {
 		return
 	}
-	s.ov.mu.Lock()
-	defer s.ov.mu.Unlock()
-	for k := range w.dirtyKeys {
-		s.ov.keys[k] = bytes.Clone(w.keysBucket().Get([]byte(k)))
-	}
-	for k := range w.dirtyLocks {
-		s.ov.locks[k] = bytes.Clone(w.locksBucket().Get([]byte(k)))
-	}
+	s.ov.publish(w)
 	clear(w.dirtyKeys)
 	clear(w.dirtyLocks)
-	s.ov.set, s.ov.rev, s.ov.last, s.ov.live = true, w.rev, w.lastToken, w.live
 }
 
 // Marks are the state machine's own counters, kept in the data file with
@@ -253,8 +322,9 @@ type Marks struct {
 }
 
 // Checkpoint commits the writer to the file (with fsync), recording marks
-// with it, and empties the overlay. Readers wait while it runs. Nothing
-// happens if no writer is open.
+// with it, and empties the overlay. Readers that begin while it runs wait
+// for it; open ones go on reading the state they began on. Nothing happens
+// if no writer is open.
 func (s *Store) Checkpoint(marks Marks) error {
 	w := s.w
 	if w == nil {
@@ -274,9 +344,7 @@ func (s *Store) Checkpoint(marks Marks) error {
 	if err := w.Commit(); err != nil {
 		return err
 	}
-	clear(s.ov.keys)
-	clear(s.ov.locks)
-	s.ov.set = false
+	s.ov.checkpoint()
 	return nil
 }
 
@@ -301,6 +369,21 @@ func (s *Store) Marks() (Marks, error) {
 	return m, err
 }
 
+// record returns a copy of key's record as the overlay keeps it: the keys
+// bucket's record of a live key, the live flag cleared and no value for a
+// deleted key, or nil when the file has no record of the key.
+func (t *Tx) record(key []byte) []byte {
+	if rec := t.keysBucket().Get(key); rec != nil {
+		return bytes.Clone(rec)
+	}
+	if tomb := t.tombsBucket().Get(key); len(tomb) == tombLen {
+		rec := make([]byte, recHeader)
+		copy(rec[1:], tomb)
+		return rec
+	}
+	return nil
+}
+
 // Buckets and counters are looked up on first use: most read-only
 // transactions (a get) need only the keys bucket.
 
@@ -309,6 +392,13 @@ func (t *Tx) keysBucket() *bolt.Bucket {
 		t.keys = t.tx.Bucket(bucketKeys)
 	}
 	return t.keys
+}
+
+func (t *Tx) tombsBucket() *bolt.Bucket {
+	if t.tombs == nil {
+		t.tombs = t.tx.Bucket(bucketTombs)
+	}
+	return t.tombs
 }
 
 func (t *Tx) locksBucket() *bolt.Bucket {
@@ -324,8 +414,8 @@ func (t *Tx) counters() {
 		return
 	}
 	t.meta = t.tx.Bucket(bucketMeta)
-	if t.ov != nil && t.ov.set {
-		t.rev, t.lastToken, t.live = t.ov.rev, t.ov.last, t.ov.live
+	if t.view != nil && t.view.set {
+		t.rev, t.lastToken, t.live = t.view.rev, t.view.last, t.view.live
 		return
 	}
 	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
@@ -360,8 +450,8 @@ func (s *Store) Update(fn func(*Tx) error) error {
 // Tx is a transaction on the store. The counters (revision, last token,
 // live keys) are cached in the Tx and written back by Commit.
 type Tx struct {
-	tx                *bolt.Tx
-	meta, keys, locks *bolt.Bucket // nil until first used; meta set means the counters are loaded
+	tx                       *bolt.Tx
+	meta, keys, tombs, locks *bolt.Bucket // nil until first used; meta set means the counters are loaded
 
 	rev       Revision
 	lastToken Token
@@ -370,8 +460,10 @@ type Tx struct {
 	grouped   bool     // inside Group: writes share groupRev
 	groupRev  Revision // the group's revision, once it has written
 
-	ov                    *overlay            // read-only: consulted before the file (its lock is held)
+	view                  *view               // read-only: the overlay's state it reads before the file
 	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
+
+	steps int // records each has read from the file's buckets, for tests
 }
 
 // Commit writes the counters back and commits durably (unless the store
@@ -401,9 +493,9 @@ func (t *Tx) Commit() error {
 // than once.
 func (t *Tx) Rollback() {
 	_ = t.tx.Rollback()
-	if t.ov != nil {
-		t.ov.mu.RUnlock()
-		t.ov = nil
+	if t.view != nil {
+		t.view.unpin()
+		t.view = nil
 	}
 }
 
@@ -465,14 +557,21 @@ func (t *Tx) Get(key []byte) Entry {
 	return e
 }
 
-// get decodes the key's record. It copies the value when copyValue is set;
-// otherwise the value aliases bbolt memory valid only until the next write.
-func (t *Tx) get(key []byte, copyValue bool) (Entry, bool) {
-	raw, ok := t.ov.key(key)
-	if !ok {
-		raw = t.keysBucket().Get(key)
+// get decodes the key's record: the overlay's, or else the keys bucket's,
+// or else the tombstone's. It copies the value when copyValue is set;
+// otherwise the value aliases bbolt memory valid only until the next
+// write. ok reports whether the key has a record (live or a tombstone).
+func (t *Tx) get(key []byte, copyValue bool) (e Entry, ok bool) {
+	e = Entry{Key: key}
+	raw, inOv := t.view.key(key)
+	if !inOv {
+		if raw = t.keysBucket().Get(key); raw == nil {
+			if tomb := t.tombsBucket().Get(key); len(tomb) == tombLen {
+				e.Fence = Token(binary.BigEndian.Uint64(tomb[:8]))
+				return e, true
+			}
+		}
 	}
-	e := Entry{Key: key}
 	if len(raw) < recHeader {
 		return e, false
 	}
@@ -508,21 +607,41 @@ func check(cur Token, w Write) error {
 	return nil
 }
 
-// write stores a live or deleted record for key with the new fence and
-// advances the revision. It never fails a fence check: callers check first.
-func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive bool) (Revision, error) {
+// write stores a live record for key in keys, or a deleted key's fence in
+// tombstones, with the new fence, removes the key's other record (wasLive:
+// it has one in keys; hadTomb: in tombstones), and advances the revision.
+// It never fails a fence check: callers check first.
+func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb bool) (Revision, error) {
 	rev := t.nextRev()
-	rec := make([]byte, recHeader+len(value))
-	if live {
-		rec[0] = flagLive
-	}
-	binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
-	binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
-	copy(rec[recHeader:], value)
 	// bbolt keeps the key slice until the transaction commits, which for
 	// the Writer is after the caller has returned: give it a copy.
-	if err := t.keysBucket().Put(bytes.Clone(key), rec); err != nil {
-		return 0, err
+	k := bytes.Clone(key)
+	if live {
+		rec := make([]byte, recHeader+len(value))
+		rec[0] = flagLive
+		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
+		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
+		copy(rec[recHeader:], value)
+		if err := t.keysBucket().Put(k, rec); err != nil {
+			return 0, err
+		}
+		if hadTomb {
+			if err := t.tombsBucket().Delete(k); err != nil {
+				return 0, err
+			}
+		}
+	} else {
+		tomb := make([]byte, tombLen)
+		binary.BigEndian.PutUint64(tomb[0:8], uint64(fnc))
+		binary.BigEndian.PutUint64(tomb[8:16], uint64(rev))
+		if err := t.tombsBucket().Put(k, tomb); err != nil {
+			return 0, err
+		}
+		if wasLive {
+			if err := t.keysBucket().Delete(k); err != nil {
+				return 0, err
+			}
+		}
 	}
 	if t.dirtyKeys != nil {
 		t.dirtyKeys[string(key)] = struct{}{}
@@ -548,12 +667,12 @@ func raise(cur Token, w Write) Token {
 // Put writes value to key if the fence rule accepts w, and raises the fence
 // to w.Token.
 func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
-	cur, _ := t.get(key, false)
+	cur, ok := t.get(key, false)
 	if err := check(cur.Fence, w); err != nil {
 		return cur, err
 	}
 	nf := raise(cur.Fence, w)
-	rev, err := t.write(key, value, true, nf, cur.Found)
+	rev, err := t.write(key, value, true, nf, cur.Found, ok && !cur.Found)
 	if err != nil {
 		return cur, err
 	}
@@ -566,7 +685,7 @@ func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
 // revision, as every accepted write does. deleted reports whether a live
 // key was removed.
 func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
-	cur, _ := t.get(key, false)
+	cur, ok := t.get(key, false)
 	if err := check(cur.Fence, w); err != nil {
 		return false, cur, err
 	}
@@ -578,7 +697,7 @@ func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 		t.dirty = true
 		return false, Entry{Key: key, Fence: nf, Revision: t.rev}, nil
 	}
-	rev, err := t.write(key, nil, false, nf, cur.Found)
+	rev, err := t.write(key, nil, false, nf, cur.Found, ok && !cur.Found)
 	if err != nil {
 		return false, cur, err
 	}
@@ -625,10 +744,12 @@ func (t *Tx) Incr(key []byte, delta int64, w Write) (int64, Entry, error) {
 // Scan returns up to limit live keys in byte order that start with prefix
 // and are >= start, stopping early once the keys and values returned add up
 // to maxBytes (at least one item is returned). more reports whether further
-// keys match.
+// keys match. It reads only live keys from the file (deleted keys are in
+// the tombstones bucket), and the overlay's records, deleted or not, in
+// the range.
 func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, more bool) {
 	size := 0
-	t.each(t.keysBucket(), t.ov.keysMap(), prefix, start, func(k, v []byte) bool {
+	t.each(t.keysBucket(), t.view.keysSpan, prefix, start, func(k, v []byte) bool {
 		if len(v) < recHeader || v[0]&flagLive == 0 {
 			return true
 		}
@@ -652,7 +773,7 @@ func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, mor
 // Lock returns the stored lease record of a lock, or nil. The slice is a
 // copy.
 func (t *Tx) Lock(name []byte) []byte {
-	if rec, ok := t.ov.lock(name); ok {
+	if rec, ok := t.view.lock(name); ok {
 		return bytes.Clone(rec)
 	}
 	return bytes.Clone(t.locksBucket().Get(name))
@@ -678,26 +799,21 @@ func (t *Tx) DeleteLock(name []byte) error {
 // >= start, in byte order, until fn returns false. The slices are valid only
 // during the call.
 func (t *Tx) Locks(prefix, start []byte, fn func(name, rec []byte) bool) {
-	t.each(t.locksBucket(), t.ov.locksMap(), prefix, start, fn)
+	t.each(t.locksBucket(), t.view.locksSpan, prefix, start, fn)
 }
 
 // each calls fn for the bucket's entries whose keys start with prefix and
 // are >= start, in byte order, until fn returns false, with the overlay's
-// entries in place of the file's (a nil overlay value: deleted).
-func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn func(k, v []byte) bool) {
+// records (from span) in place of the file's (a nil record: none).
+func (t *Tx) each(b *bolt.Bucket, span func(prefix, from []byte) []ovRecord, prefix, start []byte, fn func(k, v []byte) bool) {
 	from := prefix
 	if bytes.Compare(start, prefix) > 0 {
 		from = start
 	}
-	var extra []string
-	for k := range ov {
-		if strings.HasPrefix(k, string(prefix)) && k >= string(from) {
-			extra = append(extra, k)
-		}
-	}
-	slices.Sort(extra)
+	extra := span(prefix, from)
 	c := b.Cursor()
 	k, v := c.Seek(from)
+	t.steps++
 	for {
 		if k != nil && !bytes.HasPrefix(k, prefix) {
 			k = nil
@@ -709,18 +825,19 @@ func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn
 		case k == nil:
 			useOv = true
 		case len(extra) > 0:
-			switch cmp := strings.Compare(extra[0], string(k)); {
+			switch cmp := strings.Compare(extra[0].name, string(k)); {
 			case cmp < 0:
 				useOv = true
 			case cmp == 0:
 				useOv = true
 				k, v = c.Next() // the overlay's version replaces the file's
+				t.steps++
 			}
 		}
 		if useOv {
-			name := extra[0]
+			r := extra[0]
 			extra = extra[1:]
-			if rec := ov[name]; rec != nil && !fn([]byte(name), rec) {
+			if r.rec != nil && !fn([]byte(r.name), r.rec) {
 				return
 			}
 			continue
@@ -729,39 +846,8 @@ func (t *Tx) each(b *bolt.Bucket, ov map[string][]byte, prefix, start []byte, fn
 			return
 		}
 		k, v = c.Next()
+		t.steps++
 	}
-}
-
-// key returns the overlay's record of key; ok is false if the overlay does
-// not know the key (or o is nil).
-func (o *overlay) key(key []byte) ([]byte, bool) {
-	if o == nil {
-		return nil, false
-	}
-	rec, ok := o.keys[string(key)]
-	return rec, ok
-}
-
-func (o *overlay) lock(name []byte) ([]byte, bool) {
-	if o == nil {
-		return nil, false
-	}
-	rec, ok := o.locks[string(name)]
-	return rec, ok
-}
-
-func (o *overlay) keysMap() map[string][]byte {
-	if o == nil {
-		return nil
-	}
-	return o.keys
-}
-
-func (o *overlay) locksMap() map[string][]byte {
-	if o == nil {
-		return nil
-	}
-	return o.locks
 }
 
 // Size is the data file's size in bytes as of this transaction.

@@ -3,6 +3,7 @@ package kv
 import (
 	"fmt"
 	"path/filepath"
+	"sync"
 	"testing"
 )
 
@@ -18,6 +19,12 @@ func scanKeys(t *testing.T, s *Store, prefix string) string {
 		return nil
 	})
 	return out
+}
+
+func mapLen(m *sync.Map) int {
+	n := 0
+	m.Range(func(_, _ any) bool { n++; return true })
+	return n
 }
 
 func lockNames(t *testing.T, s *Store) string {
@@ -93,7 +100,7 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 	if err := s.Checkpoint(Marks{Applied: 42, Term: 3}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
-	if len(s.ov.keys) != 0 || len(s.ov.locks) != 0 || s.ov.set {
+	if v := s.ov.cur; mapLen(&v.g.keys) != 0 || mapLen(&v.g.locks) != 0 || v.set {
 		t.Fatalf("overlay not emptied by Checkpoint")
 	}
 	if got := scanKeys(t, s, ""); got != after {

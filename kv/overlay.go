@@ -1,0 +1,218 @@
+package kv
+
+import (
+	"bytes"
+	"slices"
+	"strings"
+	"sync"
+	"sync/atomic"
+)
+
+// The overlay is what read-only transactions see of the writer's changes
+// since the last checkpoint: for every key and lock changed, its record as
+// of each Publish, and the counters.
+//
+// A reader must see one state: the file as of a checkpoint plus every
+// batch published since, up to one Publish, and nothing after it, for its
+// whole life, however many Gets and Scans it runs. It must not make
+// Publish or Checkpoint (so every commit) wait while it reads, so it holds
+// the overlay's lock only in Begin, to take its bbolt transaction and pin
+// the current view together, and then reads without locks:
+//
+//   - A generation (gen) holds the records published between two
+//     checkpoints. Its maps only ever gain versions, and each version is
+//     immutable once stored (but for its prev link, below), so readers may
+//     read them while Publish adds more (sync.Map).
+//   - Publish numbers its batch (seq), stores each changed record as a new
+//     version with that number in front of the key's older ones, and only
+//     then makes a view of the new number current (under the lock). A
+//     reader pinned to a view reads, for each key, the newest version
+//     numbered at most its view's seq, and the file for a key with none:
+//     exactly the state that Publish made current, whatever was published
+//     since.
+//   - Checkpoint commits the writer and makes a view of a new, empty
+//     generation current under the lock, so a reader's bbolt transaction
+//     (taken in Begin under the same lock) is always the file its
+//     generation lies over: one from before the commit reads the old
+//     generation over the old file, one from after it the new over the new.
+//     The old generation is never written again.
+//   - Versions no reader can read are unlinked: Publish knows the views
+//     readers may still hold (every reader counts itself on its view), and
+//     keeps, below the versions it adds, only the newest version numbered
+//     at or below the oldest such view. So a key holds one or two versions
+//     unless a reader stayed open across its publishes (then the extra
+//     ones go at the key's next Publish, or with the generation).
+//
+// Since no reader takes the lock after Begin, Checkpoint may keep it
+// through its commit: a commit that grows the file waits in bbolt for the
+// open bbolt read transactions, and those end without taking the lock.
+type overlay struct {
+	mu  sync.RWMutex // guards cur: held for reading in Begin; for writing by Publish (to move cur) and Checkpoint (through its commit)
+	cur *view        // what a reader begun now sees
+
+	// The write side's (Publish and Checkpoint, one goroutine at a time):
+	old []*view // views of cur's generation that Publish replaced, oldest first, while readers may hold them
+}
+
+// gen is the records published between two checkpoints.
+type gen struct {
+	keys  sync.Map // key -> *version; a record as in the keys bucket, the live flag cleared for a deleted key (fence and revision, no value); nil: no record
+	locks sync.Map // lock name -> *version; nil: deleted
+}
+
+// version is a record as of one Publish.
+type version struct {
+	seq  uint64
+	rec  []byte
+	prev atomic.Pointer[version] // the version before, with a lower seq; nil: none that a reader may read
+}
+
+// view is the state one Publish made current: a generation up to a batch
+// number, and the counters then.
+type view struct {
+	g       *gen
+	seq     uint64
+	set     bool // the counters are newer than the file's
+	rev     Revision
+	last    Token
+	live    uint64
+	readers atomic.Int64 // read-only transactions begun on this view and not ended
+}
+
+func newOverlay() overlay {
+	return overlay{cur: &view{g: &gen{}}}
+}
+
+// pin returns the current view, counted as held by one more reader. The
+// caller holds mu for reading.
+func (o *overlay) pin() *view {
+	v := o.cur
+	v.readers.Add(1)
+	return v
+}
+
+func (v *view) unpin() { v.readers.Add(-1) }
+
+// publish makes current a new view whose batch adds the records of the
+// keys and locks the writer w changed since the last publish to the
+// current generation, with w's counters.
+func (o *overlay) publish(w *Tx) {
+	cur := o.cur
+	// A view replaced earlier with no readers left is never held again
+	// (Begin pins only cur): the oldest one still held bounds what
+	// readers may read.
+	for len(o.old) > 0 && o.old[0].readers.Load() == 0 {
+		o.old[0] = nil
+		o.old = o.old[1:]
+	}
+	floor := cur.seq
+	if len(o.old) > 0 {
+		floor = o.old[0].seq
+	}
+	seq := cur.seq + 1
+	for k := range w.dirtyKeys {
+		add(&cur.g.keys, k, seq, w.record([]byte(k)), floor)
+	}
+	for k := range w.dirtyLocks {
+		add(&cur.g.locks, k, seq, bytes.Clone(w.locksBucket().Get([]byte(k))), floor)
+	}
+	next := &view{g: cur.g, seq: seq, set: true, rev: w.rev, last: w.lastToken, live: w.live}
+	o.mu.Lock()
+	o.cur = next
+	o.mu.Unlock()
+	o.old = append(o.old, cur)
+}
+
+// add stores rec as name's version seq in m, and unlinks the versions
+// below the newest one at or below floor, which no reader may read.
+func add(m *sync.Map, name string, seq uint64, rec []byte, floor uint64) {
+	v := &version{seq: seq, rec: rec}
+	if p, ok := m.Load(name); ok {
+		prev := p.(*version)
+		v.prev.Store(prev)
+		for o := prev; o != nil; o = o.prev.Load() {
+			if o.seq <= floor {
+				o.prev.Store(nil)
+				break
+			}
+		}
+	}
+	m.Store(name, v)
+}
+
+// checkpoint makes a view of a new, empty generation current. The caller
+// holds mu, and has committed everything published to the file.
+func (o *overlay) checkpoint() {
+	o.cur = &view{g: &gen{}, seq: o.cur.seq}
+	o.old = nil
+}
+
+// at returns the record of name in m as of the view; ok is false if the
+// view has no version of it (or v is nil): the file's is current.
+func (v *view) at(m *sync.Map, name []byte) (rec []byte, ok bool) {
+	p, ok := m.Load(string(name))
+	if !ok {
+		return nil, false
+	}
+	for o := p.(*version); o != nil; o = o.prev.Load() {
+		if o.seq <= v.seq {
+			return o.rec, true
+		}
+	}
+	return nil, false
+}
+
+func (v *view) key(key []byte) ([]byte, bool) {
+	if v == nil {
+		return nil, false
+	}
+	return v.at(&v.g.keys, key)
+}
+
+func (v *view) lock(name []byte) ([]byte, bool) {
+	if v == nil {
+		return nil, false
+	}
+	return v.at(&v.g.locks, name)
+}
+
+// ovRecord is an overlay record found by span.
+type ovRecord struct {
+	name string
+	rec  []byte // nil: no record (a deleted lock)
+}
+
+// span returns the view's records in m whose names start with prefix and
+// are >= from, in byte order.
+func (v *view) span(m *sync.Map, prefix, from []byte) []ovRecord {
+	var out []ovRecord
+	m.Range(func(k, p any) bool {
+		name := k.(string)
+		if !strings.HasPrefix(name, string(prefix)) || name < string(from) {
+			return true
+		}
+		for o := p.(*version); o != nil; o = o.prev.Load() {
+			if o.seq <= v.seq {
+				out = append(out, ovRecord{name, o.rec})
+				break
+			}
+		}
+		return true
+	})
+	slices.SortFunc(out, func(a, b ovRecord) int { return strings.Compare(a.name, b.name) })
+	return out
+}
+
+func (v *view) keysSpan(prefix, from []byte) []ovRecord {
+	if v == nil {
+		return nil
+	}
+	return v.span(&v.g.keys, prefix, from)
+}
+
+func (v *view) locksSpan(prefix, from []byte) []ovRecord {
+	if v == nil {
+		return nil
+	}
+	return v.span(&v.g.locks, prefix, from)
+}
