@@ -428,3 +428,31 @@ func dialEventually(t *testing.T, c *clustertest.Cluster, nd *clustertest.Node) 
 	t.Cleanup(func() { cl.Close() })
 	return cl
 }
+
+// TestBootstrapAnyOrder: three nodes started one after another, in an
+// order other than their names', each only after the one before answers,
+// bootstrap one cluster: one leader, three voters, writes through each.
+func TestBootstrapAnyOrder(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, &clustertest.Options{Order: []int{2, 0, 1}})
+	ctx := ctxT(t, time.Minute)
+	c.Leader(t)
+	for _, nd := range c.Nodes {
+		cl := c.Dial(t, nd)
+		if _, err := cl.Put(ctx, []byte("via/"+nd.Name), []byte("v"), fencekv.WriteOptions{}); err != nil {
+			t.Fatalf("write through %s: %v", nd.Name, err)
+		}
+		ms, err := cl.Members(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		voters := 0
+		for _, m := range ms {
+			if m.Voter {
+				voters++
+			}
+		}
+		if voters != 3 {
+			t.Fatalf("%s sees %d voters: %+v", nd.Name, voters, ms)
+		}
+	}
+}

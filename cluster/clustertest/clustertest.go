@@ -109,6 +109,9 @@ type Options struct {
 	// Dial holds the TLS and credentials with which the cluster's helpers
 	// (Dial, Leader, Status, WaitWritable) reach the nodes.
 	Dial *wire.DialOptions
+	// Order, if set, is the order the nodes start in (indexes), each
+	// after the one before it answers; by default all start at once.
+	Order []int
 }
 
 // Start starts n nodes that bootstrap one cluster (--bootstrap-expect n,
@@ -127,8 +130,19 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 		c.Nodes = append(c.Nodes, c.newNode(name, c.flagsOf(name)))
 	}
 	tb.Cleanup(c.stopAll)
-	for _, nd := range c.Nodes {
+	order := make([]int, n)
+	for i := range order {
+		order[i] = i
+	}
+	if o != nil && o.Order != nil {
+		order = o.Order
+	}
+	for _, i := range order {
+		nd := c.Nodes[i]
 		c.launch(nd, []string{"--bootstrap-expect", fmt.Sprint(n), "--join", c.gossipList(nd)})
+		if o != nil && o.Order != nil {
+			c.waitAnswers(tb, nd)
+		}
 	}
 	c.WaitWritable(tb, 30*time.Second)
 	return c
@@ -152,19 +166,24 @@ func Seed(tb testing.TB, bin string, n int, o *Options, prepare func(dir string)
 	c.launch(first, []string{"--bootstrap-expect", "1"})
 	c.WaitWritable(tb, 30*time.Second)
 	for range n - 1 {
-		nd := c.Add(tb)
-		deadline := time.Now().Add(30 * time.Second)
-		for {
-			if _, err := c.Status(nd); err == nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				tb.Fatalf("clustertest: %s does not answer within 30s", nd.Name)
-			}
-			time.Sleep(50 * time.Millisecond)
-		}
+		c.waitAnswers(tb, c.Add(tb))
 	}
 	return c
+}
+
+// waitAnswers waits until nd answers status.
+func (c *Cluster) waitAnswers(tb testing.TB, nd *Node) {
+	tb.Helper()
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		if _, err := c.Status(nd); err == nil {
+			return
+		}
+		if time.Now().After(deadline) {
+			tb.Fatalf("clustertest: %s does not answer within 30s", nd.Name)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
 }
 
 // flagsOf is the serve flags Start's options give the node called name.
