@@ -74,15 +74,7 @@ func BenchmarkPut(b *testing.B) {
 		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
 			db := benchOpen(b)
 			ctx := context.Background()
-			keys := make([][]byte, callers)
-			tokens := make([]fencekv.Token, callers)
-			for c := range callers {
-				l, err := db.Acquire(ctx, fmt.Sprintf("bench/lock%d", c), time.Hour, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				keys[c], tokens[c] = fmt.Appendf(nil, "bench/key%d", c), l.Token
-			}
+			keys, tokens := fencedKeys(b, db, callers)
 			benchRun(b, db, callers, func(c int) error {
 				_, err := db.Put(ctx, keys[c], value, fencekv.WriteOptions{Token: tokens[c]})
 				return err
@@ -160,15 +152,7 @@ func BenchmarkPutWatched(b *testing.B) {
 		b.Run(fmt.Sprintf("watchers=%d", watchers), func(b *testing.B) {
 			db := benchOpen(b)
 			ctx := context.Background()
-			keys := make([][]byte, callers)
-			tokens := make([]fencekv.Token, callers)
-			for c := range callers {
-				l, err := db.Acquire(ctx, fmt.Sprintf("bench/lock%d", c), time.Hour, nil)
-				if err != nil {
-					b.Fatal(err)
-				}
-				keys[c], tokens[c] = fmt.Appendf(nil, "bench/key%d", c), l.Token
-			}
+			keys, tokens := fencedKeys(b, db, callers)
 			var wg sync.WaitGroup
 			for i := range watchers {
 				prefix := []byte("bench/")
@@ -194,4 +178,18 @@ func BenchmarkPutWatched(b *testing.B) {
 			wg.Wait()
 		})
 	}
+}
+
+// fencedKeys gives each caller its own key and the token of its own lock.
+func fencedKeys(b *testing.B, db *fencekv.DB, callers int) ([][]byte, []fencekv.Token) {
+	keys := make([][]byte, callers)
+	tokens := make([]fencekv.Token, callers)
+	for c := range callers {
+		l, err := db.Acquire(context.Background(), fmt.Sprintf("bench/lock%d", c), time.Hour, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		keys[c], tokens[c] = fmt.Appendf(nil, "bench/key%d", c), l.Token
+	}
+	return keys, tokens
 }
