@@ -84,7 +84,7 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	}) {
 		// Closed since the acquire: the lease can be neither kept nor
 		// released, and runs out on the server.
-		return c.broken()
+		return ErrClientClosed
 	}
 	ferr := fn(lctx, l)
 	close(stop)
