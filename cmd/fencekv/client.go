@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/wire"
@@ -43,16 +42,26 @@ func writeOptions(c *cli.Context) fencekv.WriteOptions {
 func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context, cl *wire.Client) error) error {
 	ctx, cancel := context.WithTimeout(c.Context, c.Duration("timeout")+extra)
 	defer cancel()
-	cl, err := dialAny(ctx, splitList(c.String("addr")))
+	cl, err := dial(ctx, c)
 	if err != nil {
-		return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
+		return err
 	}
 	defer cl.Close()
 	err = fn(ctx, cl)
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("no answer from %s within %v (--timeout)", c.String("addr"), c.Duration("timeout")+extra)
+		return fmt.Errorf("no answer from %s within %v (--timeout): %w", c.String("addr"), c.Duration("timeout")+extra, context.DeadlineExceeded)
 	}
 	return err
+}
+
+// dial connects to the first of --addr's addresses that answers; the
+// client reconnects to them (the next first) if its connection breaks.
+func dial(ctx context.Context, c *cli.Context) (*wire.Client, error) {
+	cl, err := wire.DialCluster(ctx, splitList(c.String("addr")), nil)
+	if err != nil {
+		return nil, fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
+	}
+	return cl, nil
 }
 
 // show writes v as JSON with --json, or the human text otherwise.
@@ -65,39 +74,9 @@ func show(c *cli.Context, human string, v any) error {
 	return err
 }
 
-// refused prints a refusal (as JSON with --json) and returns it, so the
-// exit status follows its code.
-func refused(c *cli.Context, err error) error {
-	fe, ok := err.(*fencekv.Error)
-	if !ok {
-		return err
-	}
-	if c.Bool("json") {
-		out := map[string]any{"error": fe.Code, "message": fe.Message}
-		switch fe.Code {
-		case fencekv.CodeStaleToken:
-			out["fence"] = fe.Fence
-		case fencekv.CodeNotHolder, fencekv.CodeLeaseExpired:
-			out["token"] = fe.Token
-		case fencekv.CodeLockHeld:
-			out["holder"], out["token"], out["retry_ms"] = fe.Holder, fe.Token, fe.RetryAfter.Milliseconds()
-		case fencekv.CodeCompareFailed:
-			out["revision"] = fe.Revision
-		}
-		json.NewEncoder(c.App.Writer).Encode(out)
-		return statusError(exitCode(err))
-	}
-	fmt.Fprintf(c.App.ErrWriter, "fencekv: %s\n", describe(err))
-	return statusError(exitCode(err))
-}
-
-// text renders a key or value for JSON: a string if it is UTF-8.
-func text(b []byte) any {
-	if utf8.Valid(b) {
-		return string(b)
-	}
-	return b // encoding/json writes base64
-}
+// refused returns a command's error. run prints it (as JSON with --json)
+// and maps it to the exit status: a refusal's follows its code.
+func refused(_ *cli.Context, err error) error { return err }
 
 func pingCommand() *cli.Command {
 	return &cli.Command{

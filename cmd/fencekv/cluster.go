@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/cluster"
@@ -127,22 +126,4 @@ Example:
 			})
 		},
 	}
-}
-
-// dialAny connects to the first of addrs that answers.
-func dialAny(ctx context.Context, addrs []string) (*wire.Client, error) {
-	var errs []error
-	for _, a := range addrs {
-		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		cl, err := wire.Dial(dctx, a)
-		cancel()
-		if err == nil {
-			return cl, nil
-		}
-		errs = append(errs, err)
-	}
-	if len(errs) == 0 {
-		return nil, errors.New("no server address given")
-	}
-	return nil, errors.Join(errs...)
 }
