@@ -223,7 +223,7 @@ func (c *child) wait(d time.Duration) {
 	}
 }
 
-// TestSeedScenarioProcesses is DESIGN.md's story over the wire, with real
+// TestSeedScenarioProcesses is the README's story over the wire, with real
 // processes: client A gets token 33 and is stopped (SIGSTOP) past its
 // lease; client B gets 34 and writes; A is resumed and writes with 33, and
 // the store refuses it.
