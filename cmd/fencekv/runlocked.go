@@ -38,7 +38,7 @@ dies, even by kill -9, the command's process group is stopped.
 
 With --json, run-locked prints its report (or error) as one JSON object on
 stderr once the command has ended (stdout is the command's):
-  {"lock": NAME, "token": T, "status": S, "command_status": C, "lease_lost": false}
+  {"command_status": C, "lease_lost": false, "lock": NAME, "status": S, "token": T}
 
 The command should pass the token with its writes, so the store refuses them
 if it is ever too late:
