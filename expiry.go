@@ -69,9 +69,15 @@ func (db *DB) expireDue(now time.Duration) bool {
 	if err := db.submit(context.Background(), reqs...); err != nil {
 		return false
 	}
-	for _, r := range reqs {
+	for i, r := range reqs {
 		if r.res.Err != nil {
 			return false
+		}
+		if !r.res.Noop {
+			// The audit trail (the wire server logs grants and releases):
+			// a lease ran out, a lock-delay ended or an expired record
+			// was forgotten; freed when the lock became free.
+			db.log.Debug("lock expiry applied", "lock", names[i], "freed", r.res.Freed)
 		}
 	}
 	return true

@@ -1,12 +1,12 @@
 package wire
 
 import (
-	"bufio"
 	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
+	"math/rand/v2"
 	"net"
-	"os"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -16,131 +16,341 @@ import (
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
 
-// ErrClientClosed is returned by calls on a closed Client, and by calls in
-// flight when the connection breaks (wrapped with the cause).
+// ErrClientClosed is returned by calls on a closed Client and by calls in
+// flight when it is closed. Calls that fail with the connection match it
+// too (errors.Is), through a *ConnError: calls in flight when the
+// connection broke, and calls made while the client cannot reconnect.
 var ErrClientClosed = errors.New("wire: client connection closed")
 
-// Client speaks the protocol to one server over one TCP connection. It is
-// safe for concurrent use: calls from many goroutines are pipelined on the
-// connection and matched to their responses by msgid.
+// ConnError is the error of a call that failed with the client's
+// connection rather than being answered: the connection broke while the
+// call was in flight (the server closed or reset it, or it failed to
+// write), or the client had no connection and could not make one. It
+// matches ErrClientClosed and its cause with errors.Is; the cause is the
+// server's refusal (a *fencekv.Error such as limit_exceeded) when the
+// server said why it closed the connection.
 //
-// There is no reader goroutine. A caller waiting for its response reads
-// the connection itself, unless another caller already is: that one, the
-// reader, completes every response it reads (decoding each into its
-// caller's variables) until its own arrives, then hands the reading on to
-// a caller still waiting. A lone caller so wakes straight from the socket,
-// with no goroutine switch between it and its answer.
+// A later call on the same Client dials again (see DialCluster).
+type ConnError struct {
+	// Addr is the server address the connection was to (or, for a
+	// failed dial, the addresses tried).
+	Addr string
+	// Outcome is fencekv.OutcomeUnknown when the request was sent and
+	// changes state (a write or a lock method): it may or may not have
+	// been applied; fencekv.Error's Outcome means the same. Empty when
+	// nothing was sent, or the request only reads.
+	Outcome string
+	// Err is the cause.
+	Err error
+}
+
+func (e *ConnError) Error() string {
+	s := "wire: connection to " + e.Addr + " failed"
+	if e.Err != nil {
+		s += ": " + e.Err.Error()
+	}
+	if e.Outcome == fencekv.OutcomeUnknown {
+		s += " (the request was sent: it may or may not have been applied)"
+	}
+	return s
+}
+
+// Unwrap returns ErrClientClosed and the cause.
+func (e *ConnError) Unwrap() []error { return []error{ErrClientClosed, e.Err} }
+
+// Client speaks the protocol to a server, or to any node of a cluster. It
+// is safe for concurrent use: calls from many goroutines are pipelined on
+// one connection and matched to their responses by msgid. A lone caller
+// reads its own response from the socket: there is no reader goroutine,
+// and no goroutine switch between the answer and its caller.
+//
+// When the connection breaks, the calls in flight on it fail with a
+// *ConnError (a write's outcome is then unknown), and the next call dials
+// again, trying the client's addresses in turn, starting after the one
+// that failed; while none answers, calls fail at once with a *ConnError
+// (nothing sent), and dialing is retried with backoff (see DialOptions).
+// Before a call goes out on a connection that has been idle, the client
+// checks, without blocking, that the server has not closed it meanwhile
+// (a restarted server has), so a call after a restart is sent on a new
+// connection instead of failing. Leases are not tied to connections: a
+// lock stays held across a reconnect, and its holder renews it on the new
+// connection (see WithLock).
 //
 // Refusals come back as *fencekv.Error with the server's code and facts, so
 // errors.Is(err, fencekv.ErrStaleToken) works as with an embedded DB.
 type Client struct {
-	nc   net.Conn
-	addr string
+	addrs []string
+	opts  DialOptions
+	cur   atomic.Pointer[link] // the connection calls go to (never nil)
 
-	writers atomic.Int32 // callers waiting for or holding wmu
-	wmu     sync.Mutex   // guards bw, enc, next (the write side)
-	bw      *bufio.Writer
-	enc     *msgpack.Encoder
-	next    uint32
+	dmu      sync.Mutex    // guards the fields below, and orders the swap of cur against Close
+	closed   bool          // Close has begun
+	dialing  chan struct{} // closed when the dial round under way ends; nil if none is
+	backoff  time.Duration // the wait after the last failed dial round
+	nextDial time.Time     // no dial round before then
+	dialErr  error         // why the last round failed
 
-	mu      sync.Mutex // guards pending, err, reading, reader
-	pending map[uint32]*call
-	err     error // set once the connection is broken or closed
-	reading bool  // a caller holds the read side (or has been handed it)
-	reader  *call // the call the read side was handed to, until it takes it
-
-	// The read side, used by the caller that holds it.
-	br      *bufio.Reader
-	dec     *msgpack.Decoder
-	watched context.Context // the context whose end interrupts the reader (see watch)
-
-	// dlmu orders a context's end against the reader's wait for the next
-	// response: a read deadline is set only while the reader waits between
-	// responses, never in the middle of one. It also guards unwatch.
-	dlmu     sync.Mutex
-	idleWait bool        // the reader is waiting for the first byte of a response
-	dlSet    bool        // a read deadline was set to interrupt that wait
-	unwatch  func() bool // stops the watch on the context in watched
-	closed   bool        // Close has dropped the watch: make no more
+	stopDial context.Context // cancelled by Close: ends a dial round under way
+	cancel   context.CancelFunc
 
 	// The client's own goroutines (see spawn), which Close waits for.
 	bgmu     sync.Mutex     // guards stopping, and orders bg.Go before bg.Wait
 	stopping bool           // Close has begun: start no more
 	closing  chan struct{}  // closed when Close begins
-	bg       sync.WaitGroup // the goroutines spawn started, and the watch's (see watch)
+	bg       sync.WaitGroup // the goroutines spawn started, and the watches' (see link.watch)
 	running  atomic.Int32   // how many of them are running (for tests)
 	ending   func()         // tests: run by each goroutine of spawn as it ends
 }
 
-// call is a request waiting for its response. The reader decodes the
-// result straight from the stream with decode (into the caller's
-// variables), then sends the outcome on done.
-type call struct {
-	decode func(*msgpack.Decoder) error // nil: skip the result
-	done   chan error                   // buffered; closed if the connection breaks first
+// DialOptions tune how a Client connects and reconnects. The zero value
+// (or nil) means the defaults.
+type DialOptions struct {
+	// TLS, if set, makes each connection TLS, verified with it (RootCAs,
+	// ServerName, and Certificates for mutual TLS). Versions below TLS
+	// 1.2 are never used. An empty ServerName is the address's host.
+	TLS *tls.Config
+	// User and Secret, if User is set, authenticate each connection right
+	// after it is made, reconnections included (method auth); a refusal
+	// fails the dial.
+	User   string
+	Secret []byte
+	// DialTimeout bounds each attempt to connect to one address; 0 means
+	// 2s. The caller's context bounds it too.
+	DialTimeout time.Duration
+	// MinBackoff and MaxBackoff bound the pause after a round of dials
+	// in which no address answered, during which calls fail at once:
+	// it starts at MinBackoff and doubles, up to MaxBackoff, until a dial
+	// succeeds. 0 means 50ms and 1s.
+	MinBackoff, MaxBackoff time.Duration
 }
 
-// errTakeRead, sent on a waiting call's done, hands it the read side.
-var errTakeRead = errors.New("wire: take over reading")
-
-// Dial connects to a fencekv server at addr (host:port) over plain TCP;
-// DialWith (tls.go) adds TLS and credentials.
-func Dial(ctx context.Context, addr string) (*Client, error) {
-	return DialWith(ctx, addr, nil)
-}
-
-// newClient makes a client of a connection just dialed.
-func newClient(nc net.Conn, addr string) *Client {
-	tcp := nc
-	if tc, ok := nc.(interface{ NetConn() net.Conn }); ok {
-		tcp = tc.NetConn() // under TLS
+func (o *DialOptions) withDefaults() DialOptions {
+	var d DialOptions
+	if o != nil {
+		d = *o
 	}
-	if tc, ok := tcp.(*net.TCPConn); ok {
-		tc.SetNoDelay(true)
+	if d.DialTimeout <= 0 {
+		d.DialTimeout = 2 * time.Second
+	}
+	if d.MinBackoff <= 0 {
+		d.MinBackoff = 50 * time.Millisecond
+	}
+	if d.MaxBackoff <= 0 {
+		d.MaxBackoff = time.Second
+	}
+	d.MaxBackoff = max(d.MaxBackoff, d.MinBackoff)
+	return d
+}
+
+// Dial connects to a fencekv server at addr (host:port). The client
+// reconnects to addr when its connection breaks (see Client).
+func Dial(ctx context.Context, addr string) (*Client, error) {
+	return DialCluster(ctx, []string{addr}, nil)
+}
+
+// DialCluster connects to the first of addrs (host:port each: a server,
+// or the nodes of a cluster, any of which serves every request) that
+// answers, trying them in order. When the connection breaks, the client
+// reconnects to the next address that answers (see Client). o may be nil.
+func DialCluster(ctx context.Context, addrs []string, o *DialOptions) (*Client, error) {
+	if len(addrs) == 0 {
+		return nil, errors.New("wire: no server address given")
 	}
 	c := &Client{
-		nc:      nc,
-		addr:    addr,
-		bw:      bufio.NewWriter(nc),
-		br:      bufio.NewReaderSize(nc, 64<<10),
-		pending: make(map[uint32]*call),
+		addrs:   append([]string(nil), addrs...),
+		opts:    o.withDefaults(),
 		closing: make(chan struct{}),
 	}
-	c.enc = msgpack.NewEncoder(c.bw)
-	c.dec = msgpack.NewDecoder(c.br)
-	return c
+	c.stopDial, c.cancel = context.WithCancel(context.Background())
+	cn, err := c.dialRound(ctx, 0)
+	if err != nil {
+		c.cancel()
+		return nil, err
+	}
+	c.cur.Store(cn)
+	return c, nil
 }
 
-// Addr is the server address the client dialed.
-func (c *Client) Addr() string { return c.addr }
+// dialRound tries each address once, from addrs[first] on, and returns a
+// connection to the first that answers.
+func (c *Client) dialRound(ctx context.Context, first int) (*link, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stop := context.AfterFunc(c.stopDial, cancel)
+	defer stop()
+	c.dmu.Lock()
+	user, secret := c.opts.User, c.opts.Secret // Auth may change them
+	c.dmu.Unlock()
+	var errs []error
+	for i := range c.addrs {
+		addr := c.addrs[(first+i)%len(c.addrs)]
+		nc, raw, err := c.dialOne(ctx, addr)
+		if err == nil {
+			cn := newLink(c, nc, raw, addr)
+			if user == "" {
+				return cn, nil
+			}
+			if err = cn.auth(ctx, user, secret); err == nil {
+				return cn, nil
+			}
+			cn.shut(err)
+			var fe *fencekv.Error
+			if errors.As(err, &fe) {
+				// The server answered: refused credentials are not a
+				// dead node, and every node would say the same.
+				return nil, fmt.Errorf("wire: %s: authenticate as %q: %w", addr, user, err)
+			}
+		}
+		errs = append(errs, fmt.Errorf("wire: dial %s: %w", addr, err))
+		if ctx.Err() != nil {
+			break
+		}
+	}
+	return nil, errors.Join(errs...)
+}
 
-// Close closes the connection; calls in flight fail. It returns once the
-// goroutines the client started have ended: the release of a grant that
-// came after its caller gave up (see Acquire), and the renewing behind
-// WithLock, whose callback's context is cancelled with ErrLeaseLost. Close
-// is idempotent: it is safe to call more than once, and from several
-// goroutines; every call returns after that wait, and calls after the
-// first return nil.
+// dialOne connects to addr, within the dial timeout, with TLS if the
+// options ask for it. raw is the TCP connection under it.
+func (c *Client) dialOne(ctx context.Context, addr string) (nc, raw net.Conn, err error) {
+	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
+	defer cancel()
+	if c.opts.TLS == nil {
+		var d net.Dialer
+		nc, err = d.DialContext(ctx, "tcp", addr)
+		return nc, nc, err
+	}
+	cfg := c.opts.TLS.Clone()
+	cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
+	d := tls.Dialer{Config: cfg}
+	if nc, err = d.DialContext(ctx, "tcp", addr); err != nil {
+		return nil, nil, err
+	}
+	return nc, nc.(*tls.Conn).NetConn(), nil
+}
+
+// conn returns the connection to send a call on, dialing a new one if the
+// current one is broken.
+func (c *Client) conn(ctx context.Context) (*link, error) {
+	if cn := c.cur.Load(); cn.usable() {
+		return cn, nil
+	}
+	return c.reconnect(ctx)
+}
+
+// reconnect replaces the broken connection with a new one, or fails at
+// once if the last round of dials failed less than its backoff ago. One
+// caller dials at a time; the others wait for its round (or their
+// context).
+func (c *Client) reconnect(ctx context.Context) (*link, error) {
+	for {
+		c.dmu.Lock()
+		if c.closed {
+			c.dmu.Unlock()
+			return nil, ErrClientClosed
+		}
+		old := c.cur.Load()
+		if !old.dead.Load() {
+			c.dmu.Unlock()
+			return old, nil // replaced meanwhile
+		}
+		if ch := c.dialing; ch != nil {
+			c.dmu.Unlock()
+			select {
+			case <-ch:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			}
+		}
+		if wait := time.Until(c.nextDial); wait > 0 {
+			err := &ConnError{Addr: joinAddrs(c.addrs), Err: fmt.Errorf("%w (next attempt in %v)", c.dialErr, wait.Round(time.Millisecond))}
+			c.dmu.Unlock()
+			return nil, err
+		}
+		done := make(chan struct{})
+		c.dialing = done
+		first := 0
+		for i, a := range c.addrs {
+			if a == old.addr {
+				first = i + 1 // the next address first: the failed one last
+			}
+		}
+		c.dmu.Unlock()
+		old.shut(old.failureCause())
+		cn, err := c.dialRound(ctx, first)
+		c.dmu.Lock()
+		c.dialing = nil
+		close(done)
+		switch {
+		case err == nil && c.closed:
+			c.dmu.Unlock()
+			cn.shut(errClosed)
+			return nil, ErrClientClosed
+		case err == nil:
+			c.backoff, c.nextDial, c.dialErr = 0, time.Time{}, nil
+			c.cur.Store(cn)
+			c.dmu.Unlock()
+			return cn, nil
+		case ctx.Err() != nil || c.closed:
+			// The round was cut short: it says nothing of the servers.
+			c.dmu.Unlock()
+			if c.closed {
+				return nil, ErrClientClosed
+			}
+			return nil, ctx.Err()
+		}
+		c.backoff = min(max(2*c.backoff, c.opts.MinBackoff), c.opts.MaxBackoff)
+		// ±20% so that the clients of a restarted server come back spread.
+		c.nextDial = time.Now().Add(time.Duration(float64(c.backoff) * (0.8 + 0.4*rand.Float64())))
+		c.dialErr = err
+		c.dmu.Unlock()
+		return nil, &ConnError{Addr: joinAddrs(c.addrs), Err: err}
+	}
+}
+
+func joinAddrs(addrs []string) string {
+	s := addrs[0]
+	for _, a := range addrs[1:] {
+		s += "," + a
+	}
+	return s
+}
+
+// failureCause is why the connection failed.
+func (cn *link) failureCause() error {
+	cn.mu.Lock()
+	defer cn.mu.Unlock()
+	return cn.err
+}
+
+// Addr is the address of the server the client is (or was last)
+// connected to.
+func (c *Client) Addr() string { return c.cur.Load().addr }
+
+// Close closes the connection; calls in flight fail with ErrClientClosed,
+// and so does every later call. It returns once the goroutines the client
+// started have ended: the release of a grant that came after its caller
+// gave up (see Acquire), and the renewing behind WithLock, whose
+// callback's context is cancelled with ErrLeaseLost. Close is idempotent:
+// it is safe to call more than once, and from several goroutines; every
+// call returns after that wait, and calls after the first return nil.
 func (c *Client) Close() error {
-	c.fail(ErrClientClosed)
+	c.dmu.Lock()
+	first := !c.closed
+	c.closed = true
+	cn := c.cur.Load()
+	c.dmu.Unlock()
+	c.cancel() // a dial round under way ends, and its connection is shut
 	c.bgmu.Lock()
 	if !c.stopping {
 		c.stopping = true
 		close(c.closing)
 	}
 	c.bgmu.Unlock()
-	c.dlmu.Lock()
-	c.closed = true
-	if c.unwatch != nil {
-		// Or a long-lived context would keep the client reachable.
-		c.unwatch()
-		c.unwatch = nil
-	}
-	c.dlmu.Unlock()
-	err := c.nc.Close()
+	err := cn.shut(errClosed)
 	// Every call fails now, and fast: the goroutines end soon.
 	c.bg.Wait()
-	if errors.Is(err, net.ErrClosed) {
+	if !first || errors.Is(err, net.ErrClosed) {
 		return nil
 	}
 	return err
@@ -168,288 +378,44 @@ func (c *Client) spawn(f func()) bool {
 	return true
 }
 
-// fail marks the client broken and fails every pending call.
-func (c *Client) fail(err error) {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	if c.err != nil {
-		return
+// reads are the methods that change nothing: their outcome is never in
+// doubt.
+func reads(method string) bool {
+	switch method {
+	case "ping", "get", "scan", "lock_info", "locks", "status", "members", "refusals":
+		return true
 	}
-	c.err = err
-	for id, p := range c.pending {
-		delete(c.pending, id)
-		close(p.done)
-	}
+	return false
 }
 
-// broken returns the error the client failed with.
-func (c *Client) broken() error {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.err
-}
-
-// passRead hands the read side to a call still waiting other than except,
-// or gives it up if none is. Called with mu held, by the goroutine that
-// holds the read side.
-func (c *Client) passRead(except *call) {
-	c.reader = nil
-	for _, q := range c.pending {
-		if q != except {
-			// q's done is empty: only the holder of the read side (the
-			// caller) sends outcomes, and q's has not come.
-			c.reader = q
-			q.done <- errTakeRead
-			return
-		}
-	}
-	c.reading = false
-}
-
-// errInterrupted is returned by readResponse when ctx ended while it
-// waited for a response to begin; the stream is intact.
-var errInterrupted = errors.New("wire: wait interrupted")
-
-// readFor holds the read side for call p: it reads responses, completing
-// the calls they answer, until p's arrives, then hands the read side on and
-// returns p's outcome. If ctx ends while it waits between responses, it
-// hands the read side on and returns ctx's error, forgetting p unless keep.
-func (c *Client) readFor(ctx context.Context, id uint32, p *call, keep bool) error {
-	c.watch(ctx)
-	var err error
+// send sends a call on the current connection, or on a new one if that one
+// is broken, and returns the connection to wait on.
+func (c *Client) send(ctx context.Context, method string, write func(params) error, p *call) (*link, uint32, error) {
+	p.effect = !reads(method)
 	for {
-		var q *call
-		if q, err = c.readResponse(ctx); err != nil || q == p {
-			break
-		}
-	}
-	switch {
-	case err == errInterrupted:
-		c.mu.Lock()
-		if !keep {
-			delete(c.pending, id)
-		}
-		c.passRead(p)
-		c.mu.Unlock()
-		return ctx.Err()
-	case err != nil:
-		// %w twice: a refusal the server sent before closing (such as
-		// limit_exceeded for too many connections) stays visible to
-		// errors.Is alongside ErrClientClosed.
-		c.fail(fmt.Errorf("%w: %w", ErrClientClosed, err))
-		return c.broken()
-	}
-	c.mu.Lock()
-	c.passRead(nil)
-	c.mu.Unlock()
-	out, ok := <-p.done
-	if !ok {
-		return c.broken()
-	}
-	return out
-}
-
-// watch arranges for ctx's end to interrupt the reader's wait. Callers
-// mostly pass the same context call after call, so the registration is
-// kept until a reader brings another: a context that ends while another
-// reader waits interrupts it in vain, and that reader waits on.
-func (c *Client) watch(ctx context.Context) {
-	if ctx == c.watched {
-		return
-	}
-	c.dlmu.Lock()
-	defer c.dlmu.Unlock()
-	if c.unwatch != nil {
-		c.unwatch()
-		c.unwatch = nil
-	}
-	c.watched = ctx
-	if ctx.Done() != nil && !c.closed {
-		// When ctx ends, interrupt runs in a goroutine of its own: Close
-		// waits for it as for the client's other goroutines (see spawn).
-		// The count is taken now, under dlmu, so before Close waits.
-		c.bg.Add(1)
-		stop := context.AfterFunc(ctx, func() {
-			defer c.bg.Done()
-			c.running.Add(1)
-			defer c.running.Add(-1)
-			c.interrupt()
-		})
-		c.unwatch = func() bool {
-			if !stop() {
-				return false // running or run: it counts itself down
-			}
-			c.bg.Done()
-			return true
-		}
-	}
-}
-
-// interrupt cuts short the reader's wait for the next response, if it is
-// waiting; called when the reader's context ends.
-func (c *Client) interrupt() {
-	c.dlmu.Lock()
-	defer c.dlmu.Unlock()
-	if c.idleWait && !c.dlSet {
-		c.nc.SetReadDeadline(time.Unix(1, 0))
-		c.dlSet = true
-	}
-}
-
-// awaitResponse waits until the first byte of a response has arrived, or
-// ctx ends (errInterrupted), or the connection fails.
-func (c *Client) awaitResponse(ctx context.Context) error {
-	for c.br.Buffered() == 0 {
-		c.dlmu.Lock()
-		if ctx.Err() != nil {
-			c.dlmu.Unlock()
-			return errInterrupted
-		}
-		c.idleWait = true
-		c.dlmu.Unlock()
-		_, err := c.br.Peek(1)
-		c.dlmu.Lock()
-		c.idleWait = false
-		cut := c.dlSet
-		if cut {
-			c.nc.SetReadDeadline(time.Time{})
-			c.dlSet = false
-		}
-		c.dlmu.Unlock()
-		if err == nil {
-			return nil
-		}
-		if !cut || !errors.Is(err, os.ErrDeadlineExceeded) {
-			return err
-		}
-		// Interrupted: by ctx's end, or late, by an earlier reader's
-		// (then wait on).
-		if ctx.Err() != nil {
-			return errInterrupted
-		}
-	}
-	return nil
-}
-
-// readResponse reads the next response and completes its call, which it
-// returns (nil if the call was forgotten). It skips notifications, but for
-// the server's "error" notification, sent before it closes a connection it
-// refuses, which it returns as an error. An error other than errInterrupted
-// means the stream cannot be read further.
-func (c *Client) readResponse(ctx context.Context) (*call, error) {
-	if err := c.awaitResponse(ctx); err != nil {
-		return nil, err
-	}
-	dec := c.dec
-	n, err := dec.DecodeArrayLen()
-	if err != nil {
-		return nil, err
-	}
-	typ, err := dec.DecodeInt()
-	if err != nil {
-		return nil, err
-	}
-	if typ == typeNotification && n == 3 {
-		var method string
-		var params []map[string]any
-		if err := dec.Decode(&method); err != nil {
-			return nil, err
-		}
-		if err := dec.Decode(&params); err != nil {
-			return nil, err
-		}
-		if method == "error" && len(params) == 1 {
-			code, _ := params[0]["code"].(string)
-			msg, _ := params[0]["message"].(string)
-			return nil, &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
-		}
-		return nil, nil
-	}
-	if typ != typeResponse || n != 4 {
-		return nil, fmt.Errorf("unexpected message type %d", typ)
-	}
-	id, err := dec.DecodeUint32()
-	if err != nil {
-		return nil, err
-	}
-	c.mu.Lock()
-	p := c.pending[id]
-	delete(c.pending, id)
-	c.mu.Unlock()
-	refusal, err := decodeError(dec)
-	if err != nil {
-		return nil, err
-	}
-	var outcome error
-	switch {
-	case refusal != nil:
-		outcome = refusal
-		err = dec.Skip()
-	case p == nil || p.decode == nil:
-		err = dec.Skip()
-	default:
-		// Decode into the caller's variables; the caller reads them only
-		// after receiving on done.
-		err = p.decode(dec)
+		cn, err := c.conn(ctx)
 		if err != nil {
-			outcome = fmt.Errorf("wire: undecodable result: %w", err)
+			return nil, 0, err
 		}
+		id, err := cn.start(method, write, p)
+		if err != errNotSent {
+			return cn, id, err
+		}
+		// It broke before anything of this call was written: redial.
 	}
-	if p != nil {
-		p.done <- outcome
-	}
-	return p, err
 }
 
-// decodeError reads a response's error slot: nil, or a refusal map (or,
-// from other MessagePack-RPC servers, a string).
-func decodeError(dec *msgpack.Decoder) (error, error) {
-	c, err := dec.PeekCode()
+// do runs one call: write sends the params, decode reads the result.
+func (c *Client) do(ctx context.Context, method string, write func(params) error, decode func(*msgpack.Decoder) error) error {
+	p := &call{decode: decode, done: make(chan error, 1)}
+	if err := ctx.Err(); err != nil {
+		return err // sent nothing
+	}
+	cn, id, err := c.send(ctx, method, write, p)
 	if err != nil {
-		return nil, err
-	}
-	if c == msgpcode.Nil {
-		return nil, dec.Skip()
-	}
-	if msgpcode.IsString(c) {
-		s, err := dec.DecodeString()
-		return &fencekv.Error{Code: fencekv.CodeInternal, Message: s}, err
-	}
-	fe := &fencekv.Error{}
-	err = eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-		switch k {
-		case "code":
-			var s string
-			s, err = dec.DecodeString()
-			fe.Code = fencekv.Code(s)
-		case "message":
-			fe.Message, err = dec.DecodeString()
-		case "fence":
-			err = decodeTo(dec, (*uint64)(&fe.Fence))
-		case "token":
-			err = decodeTo(dec, (*uint64)(&fe.Token))
-		case "holder":
-			fe.Holder, err = dec.DecodeString()
-		case "retry_ms":
-			var ms int64
-			ms, err = dec.DecodeInt64()
-			fe.RetryAfter = time.Duration(ms) * time.Millisecond
-		case "revision":
-			err = decodeTo(dec, (*uint64)(&fe.Revision))
-		case "leader":
-			fe.Leader, err = dec.DecodeString()
-		case "outcome":
-			fe.Outcome, err = dec.DecodeString()
-		case "key":
-			var b []byte
-			b, err = dec.DecodeBytes()
-			fe.Key = string(b)
-		default:
-			err = dec.Skip()
-		}
 		return err
-	})
-	return fe, err
+	}
+	return cn.wait(ctx, id, p, false)
 }
 
 // eachField reads a map, calling fn for each key with the decoder at its
@@ -508,114 +474,6 @@ func (p params) int(k string, v int64) {
 func (p params) bool(k string, v bool) {
 	p.EncodeString(k)
 	p.EncodeBool(v)
-}
-
-// start sends [0, id, method, [params]] (params written by write; nil
-// write sends an empty params array) and registers p for the response.
-func (c *Client) start(method string, write func(params) error, p *call) (uint32, error) {
-	c.writers.Add(1)
-	c.wmu.Lock()
-	defer c.wmu.Unlock()
-	// The last of the callers queued here flushes for all of them, so
-	// concurrent calls leave in one write.
-	last := c.writers.Add(-1) == 0
-	c.next++
-	id := c.next
-	c.mu.Lock()
-	if c.err != nil {
-		err := c.err
-		c.mu.Unlock()
-		return 0, err
-	}
-	c.pending[id] = p
-	c.mu.Unlock()
-	e := c.enc
-	e.EncodeArrayLen(4)
-	e.EncodeUint(typeRequest)
-	e.EncodeUint(uint64(id))
-	e.EncodeString(method)
-	var err error
-	if write == nil {
-		err = e.EncodeArrayLen(0)
-	} else {
-		e.EncodeArrayLen(1)
-		err = write(params{e})
-	}
-	if err == nil && last {
-		err = c.bw.Flush()
-	}
-	if err != nil {
-		err = fmt.Errorf("%w: %v", ErrClientClosed, err)
-		c.fail(err)
-		c.nc.Close()
-		return 0, err
-	}
-	return id, nil
-}
-
-// wait waits for p's outcome, reading the connection itself when no other
-// caller is (see Client). If ctx ends first, wait returns ctx's error and
-// forgets the call (its response, when it comes, is skipped), or, with
-// keep, leaves it registered so that the caller can wait for it again. A
-// response already being read as ctx ends is waited for: without keep, it
-// is dropped, and with keep, its outcome is returned.
-func (c *Client) wait(ctx context.Context, id uint32, p *call, keep bool) error {
-	c.mu.Lock()
-	// A call no longer registered has its response read already (the
-	// outcome is in done, or about to be): only wait for it.
-	if _, waiting := c.pending[id]; waiting && !c.reading && c.err == nil {
-		c.reading = true
-		c.mu.Unlock()
-		return c.readFor(ctx, id, p, keep)
-	}
-	c.mu.Unlock()
-	select {
-	case out, ok := <-p.done:
-		if !ok {
-			return c.broken()
-		}
-		if out != errTakeRead {
-			return out
-		}
-		c.mu.Lock()
-		c.reader = nil
-		c.mu.Unlock()
-		return c.readFor(ctx, id, p, keep)
-	case <-ctx.Done():
-	}
-	c.mu.Lock()
-	_, waiting := c.pending[id]
-	if waiting && !keep {
-		delete(c.pending, id)
-	}
-	if c.reader == p {
-		// The read side was handed to p as ctx ended, and its note is
-		// in p.done: take it, and hand the read side on.
-		<-p.done
-		c.passRead(p)
-	}
-	c.mu.Unlock()
-	if !waiting {
-		// The reader has taken the call and is decoding into the
-		// caller's variables: let it finish before they are read.
-		if out, ok := <-p.done; ok && keep {
-			return out
-		}
-	}
-	return ctx.Err()
-}
-
-// do runs one call: write sends the params, decode reads the result.
-func (c *Client) do(ctx context.Context, method string, write func(params) error, decode func(*msgpack.Decoder) error) error {
-	p := &call{decode: decode, done: make(chan error, 1)}
-	if err := ctx.Err(); err != nil {
-		return err // sent nothing
-	}
-	id, err := c.start(method, write, p)
-	if err != nil {
-		return err
-	}
-	return c.wait(ctx, id, p, false)
 }
 
 // Call sends a request with the named params and decodes its result into
@@ -911,17 +769,19 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 	if err := ctx.Err(); err != nil {
 		return fencekv.Lease{}, err // sent nothing
 	}
-	id, err := c.start("acquire", write, p)
+	cn, id, err := c.send(ctx, "acquire", write, p)
 	if err != nil {
 		return fencekv.Lease{}, err
 	}
-	err = c.wait(ctx, id, p, true)
+	err = cn.wait(ctx, id, p, true)
 	if err != nil && ctx.Err() != nil && err == ctx.Err() {
 		// The response still comes (the call stays registered); if it is
-		// a grant, nobody will use it: release it. If Close has begun, the
-		// call has failed already and there is nothing to wait for.
+		// a grant, nobody will use it: release it. If the connection
+		// breaks or Close has begun, the call has failed (the server drops
+		// the acquires queued by a connection that closes) and there is
+		// nothing to wait for.
 		c.spawn(func() {
-			if c.wait(context.Background(), id, p, false) == nil && token != 0 {
+			if cn.wait(context.Background(), id, p, false) == nil && token != 0 {
 				rctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 				defer cancel()
 				c.Release(rctx, name, fencekv.Token(token))

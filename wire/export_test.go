@@ -1,5 +1,7 @@
 package wire
 
+import "time"
+
 // Running reports how many of the goroutines c started are running: the
 // release of a late grant, WithLock's keeper and renewer, the interrupt of
 // a reader whose context ended. Close waits for them all, so it is 0 once
@@ -16,3 +18,14 @@ func HoldEnding(c *Client, arrived chan<- struct{}, release <-chan struct{}) {
 		<-release
 	}
 }
+
+// SetProbeIdle sets how long a connection must be idle before a call
+// checks that the server has not closed it, until the test ends.
+func SetProbeIdle(tb interface{ Cleanup(func()) }, d time.Duration) {
+	old := probeIdle.Swap(int64(d))
+	tb.Cleanup(func() { probeIdle.Store(old) })
+}
+
+// PeerClosed reports whether the server has closed (or reset) c's current
+// connection, as far as this side can tell without reading.
+func PeerClosed(c *Client) bool { return peerGone(c.cur.Load().raw) != nil }

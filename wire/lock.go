@@ -18,9 +18,13 @@ var ErrLeaseLost = errors.New("wire: lease lost")
 // free and renews every third of the TTL.
 type LockOptions struct {
 	fencekv.AcquireOptions
-	// RenewEvery is the renew period; 0 means TTL/3.
+	// RenewEvery is the renew period; 0 means TTL/3. A renew that fails
+	// for want of a connection or a leader (anything but a refusal) is
+	// tried again sooner, every quarter of the period.
 	RenewEvery time.Duration
-	// ReleaseTimeout bounds the final release; 0 means 5s.
+	// ReleaseTimeout bounds the final release; 0 means 5s. Within it, a
+	// release that fails with the connection (or unavailable) is tried
+	// again, so that a lock whose server is back in time is released.
 	ReleaseTimeout time.Duration
 }
 
@@ -40,15 +44,29 @@ type LockOptions struct {
 // {Token: l.Token}): the fence is what stops a write that was already on
 // its way.
 //
+// A broken connection alone does not lose the lease: the renews go on
+// through the client's next connection (to the same server restarted, or
+// to another node of a cluster), and fn's context is cancelled only if
+// none succeeds within the TTL. The lease lives on the server, not in the
+// connection, and a server restart or a new leader gives it its full TTL
+// again.
+//
 // The renewing is done by two goroutines of the client, started after the
 // acquire: one keeps the lease (ticks, deadline) and one sends the renews,
 // one at a time. Both have ended when WithLock returns, and Close waits
 // for them.
 //
-// WithLock returns fn's error; if fn returned nil but the lease was lost,
-// it returns an error wrapping ErrLeaseLost. If the client was closed
-// between the acquire and the start of the renewing, fn is not called and
-// WithLock returns ErrClientClosed.
+// When fn returns, the lock is released, unless a renew was refused (it
+// is not this lease's any more) or the client is closed; after a lost
+// lease too, for the server may still hold it (it was back too late for
+// the renews, but has given the lease its full TTL again): the release
+// of a lease that has ended is refused and changes nothing.
+//
+// WithLock returns fn's error; if the lease was lost, the error also
+// matches ErrLeaseLost (errors.Is), even when fn returned its context's
+// error or nil (then it is the cause, wrapping ErrLeaseLost). If the
+// client was closed between the acquire and the start of the renewing,
+// fn is not called and WithLock returns ErrClientClosed.
 func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o *LockOptions,
 	fn func(ctx context.Context, l fencekv.Lease) error) error {
 	var lo LockOptions
@@ -60,13 +78,17 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	if err != nil {
 		return err
 	}
+	timeout := lo.ReleaseTimeout
+	if timeout <= 0 {
+		timeout = 5 * time.Second
+	}
 	if lo.AcquireOptions.Wait > 0 {
 		// A queued grant's lease started when it was granted, some time
 		// after the request was sent; the client cannot know when. Renew
 		// at once so the lease is measured from a send time we know.
 		sent = time.Now()
 		if _, err := c.Renew(ctx, name, l.Token); err != nil {
-			c.Release(context.WithoutCancel(ctx), name, l.Token)
+			c.release(context.WithoutCancel(ctx), name, l.Token, timeout)
 			return err
 		}
 	}
@@ -84,31 +106,66 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	}) {
 		// Closed since the acquire: the lease can be neither kept nor
 		// released, and runs out on the server.
-		return c.broken()
+		return ErrClientClosed
 	}
 	ferr := fn(lctx, l)
 	close(stop)
 	<-keeperDone
 	lost := context.Cause(lctx)
-	timeout := lo.ReleaseTimeout
-	if timeout <= 0 {
-		timeout = 5 * time.Second
-	}
-	rctx, rcancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer rcancel()
 	if !errors.Is(lost, ErrLeaseLost) {
-		if err := c.Release(rctx, name, l.Token); err != nil && ferr == nil &&
+		lost = nil
+	}
+	refused := errors.Is(lost, fencekv.ErrNotHolder) || errors.Is(lost, fencekv.ErrLeaseExpired)
+	if !refused && !errors.Is(lost, ErrClientClosed) {
+		err := c.release(context.WithoutCancel(ctx), name, l.Token, timeout)
+		if err != nil && ferr == nil && lost == nil &&
 			!errors.Is(err, fencekv.ErrNotHolder) && !errors.Is(err, fencekv.ErrLeaseExpired) {
 			return fmt.Errorf("wire: release %q: %w", name, err)
 		}
 	}
-	if ferr != nil {
+	switch {
+	case lost == nil:
 		return ferr
-	}
-	if errors.Is(lost, ErrLeaseLost) {
+	case ferr == nil || errors.Is(lost, ferr):
 		return lost
 	}
-	return nil
+	return fmt.Errorf("%w (%w)", ferr, lost)
+}
+
+// release releases the lease within timeout, trying again while it fails
+// with the connection or as unavailable (the server may be coming back).
+func (c *Client) release(ctx context.Context, name string, token fencekv.Token, timeout time.Duration) error {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	pause := 20 * time.Millisecond
+	for {
+		err := c.Release(ctx, name, token)
+		if err == nil || err == ErrClientClosed || !retryable(err) {
+			return err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return err
+		case <-c.closing:
+			t.Stop()
+			return err
+		case <-t.C:
+		}
+		pause = min(2*pause, 500*time.Millisecond)
+	}
+}
+
+// retryable reports whether a lock call that failed with err may succeed
+// if sent again: the connection failed, or the server had no leader or
+// was shutting down. A refusal is final.
+func retryable(err error) bool {
+	var fe *fencekv.Error
+	if errors.As(err, &fe) {
+		return fe.Code == fencekv.CodeUnavailable || fe.Code == fencekv.CodeNotLeader
+	}
+	return errors.Is(err, ErrClientClosed)
 }
 
 // keepAlive renews l every period until stop closes, and cancels with
@@ -154,7 +211,19 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 	defer deadline.Stop()
 	tick := time.NewTicker(every)
 	defer tick.Stop()
+	// After a renew that failed without a refusal, the next is sent
+	// sooner than the next tick: the server (or a new leader) may be back.
+	retry := time.NewTimer(time.Hour)
+	retry.Stop()
+	defer retry.Stop()
+	var lastErr error
 	inflight := false
+	send := func() {
+		if !inflight {
+			inflight = true
+			renew <- time.Now()
+		}
+	}
 	for {
 		select {
 		case <-stop:
@@ -165,28 +234,34 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 			closed()
 			return
 		case <-deadline.C:
-			cancel(fmt.Errorf("%w: no renew of %q (token %d) succeeded within its TTL of %v", ErrLeaseLost, l.Name, l.Token, ttl))
+			why := ""
+			if lastErr != nil {
+				why = fmt.Sprintf(" (last: %v)", lastErr)
+			}
+			cancel(fmt.Errorf("%w: no renew of %q (token %d) succeeded within its TTL of %v%s", ErrLeaseLost, l.Name, l.Token, ttl, why))
 			return
 		case <-tick.C:
-			if inflight {
-				continue
-			}
-			inflight = true
-			renew <- time.Now()
+			send()
+		case <-retry.C:
+			send()
 		case r := <-results:
 			inflight = false
 			switch {
 			case r.err == nil:
+				lastErr = nil
 				if r.sent.After(sent) {
 					sent = r.sent
 					deadline.Reset(time.Until(sent.Add(ttl)))
 				}
 			case errors.Is(r.err, fencekv.ErrNotHolder), errors.Is(r.err, fencekv.ErrLeaseExpired):
-				cancel(fmt.Errorf("%w: %v", ErrLeaseLost, r.err))
+				cancel(fmt.Errorf("%w: %w", ErrLeaseLost, r.err))
 				return
+			default:
+				// Connection trouble, no leader, a renew that timed
+				// out: the deadline decides; until then, try again.
+				lastErr = r.err
+				retry.Reset(max(every/4, time.Millisecond))
 			}
-			// Other errors (connection trouble) are retried at the next
-			// tick; the deadline decides.
 		}
 	}
 }

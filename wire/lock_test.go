@@ -276,3 +276,87 @@ func (s *stallRenews) Renew(ctx context.Context, name string, token fencekv.Toke
 	<-s.unstall
 	return s.DB.Renew(ctx, name, token)
 }
+
+// TestWithLockAcrossCuts: the connection breaks again and again while fn
+// runs; the renews go on through new connections, and the lease is kept.
+func TestWithLockAcrossCuts(t *testing.T) {
+	ts := startServer(t, nil)
+	p := startProxy(t, ts.Addr)
+	c := dial(t, p.addr)
+	ctx := context.Background()
+	const ttl = 2 * time.Second
+	err := c.WithLock(ctx, "job", ttl, &wire.LockOptions{RenewEvery: 50 * time.Millisecond},
+		func(lctx context.Context, l fencekv.Lease) error {
+			for i := range 5 {
+				n := p.connections()
+				p.cut()
+				eventually(t, 10*time.Second, "a renew on a new connection", func() bool { return p.connections() > n })
+				if lctx.Err() != nil {
+					t.Fatalf("lease lost after cut %d: %v", i, context.Cause(lctx))
+				}
+			}
+			// Still the holder, and a held write with the token works.
+			_, err := c.Put(lctx, b("out"), b("done"), fencekv.WriteOptions{Token: l.Token, Lock: "job"})
+			return err
+		})
+	ok(t, err)
+	if in, err := ts.DB.LockInfo(ctx, "job"); err != nil || in.Held {
+		t.Fatalf("after WithLock: %+v, %v; want released", in, err)
+	}
+}
+
+// TestWithLockLostThenReleased: the server is unreachable past the TTL,
+// so fn's context is cancelled with ErrLeaseLost; the server, whose clock
+// has not moved (it has not seen the lease run out, as after a restart),
+// is reachable again as fn returns, and WithLock releases the lock.
+func TestWithLockLostThenReleased(t *testing.T) {
+	ts, _, _ := errServer(t, nil)
+	p := startProxy(t, ts.Addr)
+	c := dial(t, p.addr)
+	ctx := context.Background()
+	const ttl = 300 * time.Millisecond
+	var cause error
+	err := c.WithLock(ctx, "job", ttl, &wire.LockOptions{ReleaseTimeout: 10 * time.Second},
+		func(lctx context.Context, l fencekv.Lease) error {
+			p.stop()
+			select {
+			case <-lctx.Done():
+			case <-time.After(10 * time.Second):
+				t.Fatal("not cancelled with the server unreachable past the TTL")
+			}
+			cause = context.Cause(lctx)
+			if in, err := ts.DB.LockInfo(ctx, "job"); err != nil || !in.Held || in.Token != l.Token {
+				t.Fatalf("server side: %+v, %v; want still held by %d", in, err, l.Token)
+			}
+			p.start()
+			return lctx.Err()
+		})
+	if !errors.Is(err, wire.ErrLeaseLost) || !errors.Is(cause, wire.ErrLeaseLost) {
+		t.Fatalf("WithLock = %v, cause %v; want ErrLeaseLost", err, cause)
+	}
+	// fn returned its context's error: that still says so, and the
+	// lease's loss too.
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("WithLock = %v; want fn's error (context.Canceled) too", err)
+	}
+	if in, err := ts.DB.LockInfo(ctx, "job"); err != nil || in.Held {
+		t.Fatalf("after WithLock gave up: %+v, %v; want released", in, err)
+	}
+}
+
+// TestWithLockLostFnCtxErr: fn returns its context's error after a renew
+// is refused; the caller still sees ErrLeaseLost, and the refusal.
+func TestWithLockLostFnCtxErr(t *testing.T) {
+	ts := startServer(t, nil)
+	c := dial(t, ts.Addr)
+	ctx := context.Background()
+	err := c.WithLock(ctx, "job", 10*time.Second, &wire.LockOptions{RenewEvery: 10 * time.Millisecond},
+		func(lctx context.Context, l fencekv.Lease) error {
+			ok(t, ts.DB.Release(ctx, "job", l.Token))
+			<-lctx.Done()
+			return lctx.Err()
+		})
+	if !errors.Is(err, wire.ErrLeaseLost) || !errors.Is(err, fencekv.ErrNotHolder) || !errors.Is(err, context.Canceled) {
+		t.Fatalf("WithLock = %v; want ErrLeaseLost, not_holder and context.Canceled", err)
+	}
+}

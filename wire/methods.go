@@ -2,6 +2,8 @@ package wire
 
 import (
 	"context"
+	"errors"
+	"log/slog"
 
 	"github.com/fencekv/fencekv"
 )
@@ -206,6 +208,31 @@ func clampInt(n int64) int64 {
 	return n
 }
 
+// auditKey is the context key of the logger the lock methods log to.
+type auditKey struct{}
+
+// withAudit returns a context that carries the server's logger.
+func withAudit(ctx context.Context, log *slog.Logger) context.Context {
+	return context.WithValue(ctx, auditKey{}, log)
+}
+
+// auditor returns the logger to log a lock method's outcome to, and at
+// which level, or nil if that level is off: grants and releases at debug;
+// refused renews and releases (a lease its holder thought it had) at
+// info, other refusals at debug. Together with the refusal log's warnings
+// of refused fenced writes, they are the audit trail of the locks.
+func auditor(ctx context.Context, err error) (*slog.Logger, slog.Level) {
+	log, _ := ctx.Value(auditKey{}).(*slog.Logger)
+	level := slog.LevelDebug
+	if errors.Is(err, fencekv.ErrNotHolder) || errors.Is(err, fencekv.ErrLeaseExpired) {
+		level = slog.LevelInfo
+	}
+	if log == nil || !log.Enabled(ctx, level) {
+		return nil, level
+	}
+	return log, level
+}
+
 func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fLock, fTTL); err != nil {
 		return err
@@ -216,7 +243,13 @@ func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
 		LockDelay: ms(a.delayMs),
 	})
 	if err != nil {
+		if log, lv := auditor(ctx, err); log != nil && !errors.Is(err, context.Canceled) {
+			log.Log(ctx, lv, "lock acquire refused", "lock", a.lock, "holder", a.holder, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
+		}
 		return err
+	}
+	if log, lv := auditor(ctx, nil); log != nil {
+		log.Log(ctx, lv, "lock granted", "lock", a.lock, "token", uint64(l.Token), "holder", a.holder, "ttl", l.TTL, "client", fencekv.ClientAddr(ctx))
 	}
 	e.EncodeMapLen(2)
 	e.uint("token", uint64(l.Token))
@@ -230,6 +263,9 @@ func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	}
 	ttl, err := eng.Renew(ctx, a.lock, fencekv.Token(a.token))
 	if err != nil {
+		if log, lv := auditor(ctx, err); log != nil {
+			log.Log(ctx, lv, "lock renew refused", "lock", a.lock, "token", a.token, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
+		}
 		return err
 	}
 	e.EncodeMapLen(1)
@@ -242,7 +278,13 @@ func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
 		return err
 	}
 	if err := eng.Release(ctx, a.lock, fencekv.Token(a.token)); err != nil {
+		if log, lv := auditor(ctx, err); log != nil {
+			log.Log(ctx, lv, "lock release refused", "lock", a.lock, "token", a.token, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
+		}
 		return err
+	}
+	if log, lv := auditor(ctx, nil); log != nil {
+		log.Log(ctx, lv, "lock released", "lock", a.lock, "token", a.token, "client", fencekv.ClientAddr(ctx))
 	}
 	e.EncodeMapLen(0)
 	return nil

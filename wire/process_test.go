@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"os/exec"
 	"strconv"
@@ -27,11 +28,12 @@ import (
 // TestHelperClient and TestHelperServer are their bodies.
 
 const (
-	envAddr = "FENCEKV_WIRE_ADDR"   // client: the server to dial
-	envName = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
-	envTTL  = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
-	envWait = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
-	envDir  = "FENCEKV_WIRE_DIR"    // server: data dir
+	envAddr   = "FENCEKV_WIRE_ADDR"   // client: the server to dial
+	envName   = "FENCEKV_WIRE_NAME"   // client: holder name, also the value it writes
+	envTTL    = "FENCEKV_WIRE_TTL_MS" // client: lease TTL
+	envWait   = "FENCEKV_WIRE_WAIT"   // client: "1" to wait for a line on stdin before writing
+	envDir    = "FENCEKV_WIRE_DIR"    // server: data dir
+	envListen = "FENCEKV_WIRE_LISTEN" // server: the address to listen on (default: a free port)
 
 	seedLock = "inventory"
 	seedKey  = "inventory/sku-1"
@@ -82,18 +84,41 @@ func TestHelperClient(t *testing.T) {
 }
 
 // TestHelperServer is a fencekv server: it opens the store in the given
-// dir, listens on 127.0.0.1, says its address, and serves until stdin is
-// closed.
+// dir, listens on 127.0.0.1 (on the given address, if any), says its
+// address, and serves until stdin is closed; then it shuts down
+// gracefully.
 func TestHelperServer(t *testing.T) {
-	fencekvtest.AsChild(t) // of TestWithLockServerPaused
+	fencekvtest.AsChild(t) // of TestWithLockServerPaused, TestClientServerRestart
 	db, err := fencekv.Open(os.Getenv(envDir), nil)
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() }) // after the server has shut down
-	_, addr := fencekvtest.ServeEngine(t, db, wire.DefaultConfig())
-	say("addr %s", addr)
+	listen := os.Getenv(envListen)
+	if listen == "" {
+		_, addr := fencekvtest.ServeEngine(t, db, wire.DefaultConfig())
+		say("addr %s", addr)
+		io.Copy(io.Discard, os.Stdin)
+		return
+	}
+	srv, err := wire.NewServer(db, wire.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", listen)
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ln) }()
+	say("addr %s", ln.Addr())
 	io.Copy(io.Discard, os.Stdin)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := srv.Shutdown(ctx); err != nil {
+		t.Error(err)
+	}
+	<-served
 }
 
 // child is a helper process. Cleanup resumes it if it is stopped, kills
@@ -198,7 +223,7 @@ func (c *child) wait(d time.Duration) {
 	}
 }
 
-// TestSeedScenarioProcesses is DESIGN.md's story over the wire, with real
+// TestSeedScenarioProcesses is the README's story over the wire, with real
 // processes: client A gets token 33 and is stopped (SIGSTOP) past its
 // lease; client B gets 34 and writes; A is resumed and writes with 33, and
 // the store refuses it.
@@ -278,7 +303,7 @@ func TestWithLockServerPaused(t *testing.T) {
 	var lostAfter time.Duration
 	var cause error
 	var token fencekv.Token
-	err := c.WithLock(ctx, "job", ttl, &wire.LockOptions{RenewEvery: every}, func(lctx context.Context, l fencekv.Lease) error {
+	err := c.WithLock(ctx, "job", ttl, &wire.LockOptions{RenewEvery: every, ReleaseTimeout: 500 * time.Millisecond}, func(lctx context.Context, l fencekv.Lease) error {
 		token = l.Token
 		// While the server runs, renews keep the lease: twice its TTL
 		// passes without a cancel.
@@ -327,6 +352,85 @@ func TestWithLockServerPaused(t *testing.T) {
 	wantCode(t, err, fencekv.CodeLeaseExpired)
 
 	// Stop the server: closing its stdin asks for a graceful shutdown.
+	c.Close()
+	srv.stdin.Close()
+	srv.wait(30 * time.Second)
+}
+
+// TestClientServerRestart restarts the server (a real process, stopped
+// gracefully and started again on the same address and data dir) under a
+// client that holds a lock with WithLock: while the server is down, calls
+// fail with a *ConnError and nothing sent; once it is back, calls work on
+// a new connection, and the renews go on, so the lock is kept and the
+// callback's context is never cancelled.
+func TestClientServerRestart(t *testing.T) {
+	if testing.Short() {
+		t.Skip("real processes and real time")
+	}
+	dir := t.TempDir()
+	srv := startChild(t, "server", "TestHelperServer", envDir+"="+dir)
+	addr := srv.expect("addr", 30*time.Second)
+	ctx := context.Background()
+	c := dial(t, addr)
+	_, err := c.Put(ctx, []byte("k"), []byte("before"), fencekv.WriteOptions{})
+	ok(t, err)
+
+	const ttl = 4 * time.Second
+	held := make(chan fencekv.Lease)
+	restarted := make(chan struct{})
+	locked := make(chan error, 1)
+	go func() {
+		locked <- c.WithLock(ctx, "job", ttl, nil, func(lctx context.Context, l fencekv.Lease) error {
+			held <- l
+			<-restarted
+			// Past the TTL after the server came back, only renews sent
+			// through the new connection can have kept the lease.
+			select {
+			case <-lctx.Done():
+				return context.Cause(lctx)
+			case <-time.After(ttl + ttl/2):
+			}
+			_, err := c.Put(lctx, []byte("k"), []byte("held"), fencekv.WriteOptions{Token: l.Token, Lock: "job"})
+			return err
+		})
+	}()
+	l := <-held
+
+	srv.stdin.Close() // a graceful shutdown
+	srv.wait(30 * time.Second)
+	down := time.Now()
+	_, err = c.Get(ctx, []byte("k"))
+	if !errors.Is(err, wire.ErrClientClosed) {
+		t.Fatalf("get while the server is down = %v; want ErrClientClosed", err)
+	}
+	_, err = c.Put(ctx, []byte("k"), []byte("while down"), fencekv.WriteOptions{})
+	wantConnError(t, err, "")
+
+	srv = startChild(t, "server again", "TestHelperServer", envDir+"="+dir, envListen+"="+addr)
+	srv.expect("addr", 30*time.Second)
+	t.Logf("the server was down for %v", time.Since(down))
+	eventually(t, 10*time.Second, "a call to work after the restart", func() bool {
+		_, err := c.Ping(ctx)
+		return err == nil
+	})
+	e, err := c.Get(ctx, []byte("k"))
+	if err != nil || string(e.Value) != "before" {
+		t.Fatalf("get after the restart = %q, %v; want before", e.Value, err)
+	}
+	close(restarted)
+	select {
+	case err := <-locked:
+		ok(t, err)
+	case <-time.After(30 * time.Second):
+		t.Fatal("WithLock did not return")
+	}
+	in, err := c.LockInfo(ctx, "job")
+	if err != nil || in.Held {
+		t.Fatalf("lock after WithLock = %+v, %v; want released", in, err)
+	}
+	if e, err := c.Get(ctx, []byte("k")); err != nil || string(e.Value) != "held" || e.Fence != l.Token {
+		t.Fatalf("k = %q (fence %d), %v; want the held write with token %d", e.Value, e.Fence, err, l.Token)
+	}
 	c.Close()
 	srv.stdin.Close()
 	srv.wait(30 * time.Second)

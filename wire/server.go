@@ -406,9 +406,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 	}
 	c.room.L = &c.wmu
 	// Every request's context carries the client's address (for the
-	// refusal log); made once per connection.
-	c.base = fencekv.WithClient(context.Background(), nc.RemoteAddr().String())
-	c.waits, c.cancel = context.WithCancel(fencekv.WithClient(s.base, nc.RemoteAddr().String()))
+	// refusal log) and the logger (for the lock methods' audit trail);
+	// made once per connection.
+	c.base = withAudit(fencekv.WithClient(context.Background(), nc.RemoteAddr().String()), s.log)
+	c.waits, c.cancel = context.WithCancel(withAudit(fencekv.WithClient(s.base, nc.RemoteAddr().String()), s.log))
 	return c
 }
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -794,5 +795,56 @@ func TestShutdownAnswersInFlight(t *testing.T) {
 	if c2, err := wire.Dial(ctx, ts.Addr); err == nil {
 		c2.Close()
 		t.Errorf("dial after shutdown succeeded")
+	}
+}
+
+// TestAuditLog: with debug logging on, the server logs every grant,
+// release and expiry, and the refusals of lock calls, with the client's
+// address: an audit trail of the locks.
+func TestAuditLog(t *testing.T) {
+	ctx := context.Background()
+	logs := fencekvtest.NewLogs(slog.LevelDebug)
+	log := slog.New(logs)
+	clock := fencekvtest.NewClock()
+	o := fencekv.DefaultOptions()
+	o.NoSync, o.Clock, o.Logger = true, clock, log
+	db, err := fencekv.Open(t.TempDir(), &o)
+	ok(t, err)
+	t.Cleanup(func() { db.Close() })
+	cfg := wire.DefaultConfig()
+	cfg.Logger = log
+	_, addr := fencekvtest.ServeEngine(t, db, cfg)
+	c := dial(t, addr)
+	l, err := c.Acquire(ctx, "audited", time.Second, &fencekv.AcquireOptions{Holder: "me"})
+	ok(t, err)
+	_, err = c.Acquire(ctx, "audited", time.Second, nil)
+	wantCode(t, err, fencekv.CodeLockHeld)
+	ok(t, c.Release(ctx, "audited", l.Token))
+	wantCode(t, c.Release(ctx, "audited", l.Token), fencekv.CodeNotHolder)
+	l, err = c.Acquire(ctx, "audited", time.Second, nil)
+	ok(t, err)
+	clock.Advance(2 * time.Second)
+	eventually(t, 10*time.Second, "the expiry to be logged", func() bool {
+		return slices.ContainsFunc(logs.Messages(), func(m string) bool { return strings.HasPrefix(m, "lock expiry applied lock=audited") })
+	})
+	wantCode(t, refused(c.Renew(ctx, "audited", l.Token)), fencekv.CodeLeaseExpired)
+	var got []string
+	for _, m := range logs.Messages() {
+		if strings.Contains(m, "lock=audited") {
+			got = append(got, m)
+		}
+	}
+	for _, want := range []string{
+		"lock granted lock=audited token=1 holder=me ttl=1s client=127.0.0.1:",
+		"lock acquire refused lock=audited holder= err=lock_held",
+		"lock released lock=audited token=1 client=127.0.0.1:",
+		"lock release refused lock=audited token=1 err=not_holder",
+		"lock granted lock=audited token=2",
+		"lock expiry applied lock=audited freed=true",
+		"lock renew refused lock=audited token=2 err=lease_expired",
+	} {
+		if !slices.ContainsFunc(got, func(m string) bool { return strings.HasPrefix(m, want) }) {
+			t.Errorf("no log line starting %q in:\n%s", want, strings.Join(got, "\n"))
+		}
 	}
 }

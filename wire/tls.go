@@ -4,9 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"errors"
-	"fmt"
 	"io"
-	"net"
 	"time"
 
 	"github.com/vmihailenco/msgpack/v5"
@@ -50,47 +48,11 @@ func (c *conn) handshake() bool {
 	return true
 }
 
-// DialOptions tune DialWith. The zero value (or nil) dials plain TCP and
-// does not authenticate, as Dial does.
-type DialOptions struct {
-	// TLS, if set, makes the connection TLS, verified with it (RootCAs,
-	// ServerName, and Certificates for mutual TLS). Versions below TLS
-	// 1.2 are never used. An empty ServerName is the address's host.
-	TLS *tls.Config
-	// User and Secret, if User is set, authenticate the connection right
-	// after it is made (method auth); a refusal fails the dial.
-	User   string
-	Secret []byte
-}
-
 // DialWith connects to a fencekv server at addr (host:port) with o's TLS
-// and credentials.
+// and credentials; the client reconnects to addr, with them, when its
+// connection breaks.
 func DialWith(ctx context.Context, addr string, o *DialOptions) (*Client, error) {
-	if o == nil {
-		o = &DialOptions{}
-	}
-	var nc net.Conn
-	var err error
-	if o.TLS != nil {
-		cfg := o.TLS.Clone()
-		cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
-		d := tls.Dialer{Config: cfg}
-		nc, err = d.DialContext(ctx, "tcp", addr)
-	} else {
-		var d net.Dialer
-		nc, err = d.DialContext(ctx, "tcp", addr)
-	}
-	if err != nil {
-		return nil, fmt.Errorf("wire: dial %s: %w", addr, err)
-	}
-	c := newClient(nc, addr)
-	if o.User != "" {
-		if _, err := c.Auth(ctx, o.User, o.Secret); err != nil {
-			c.Close()
-			return nil, fmt.Errorf("wire: %s: authenticate as %q: %w", addr, o.User, err)
-		}
-	}
-	return c, nil
+	return DialCluster(ctx, []string{addr}, o)
 }
 
 // Auth authenticates the connection as the principal name with secret,
@@ -99,21 +61,39 @@ func DialWith(ctx context.Context, addr string, o *DialOptions) (*Client, error)
 // fencekv.ErrUnauthenticated.
 func (c *Client) Auth(ctx context.Context, name string, secret []byte) (string, error) {
 	var principal string
-	err := c.do(ctx, "auth",
-		func(p params) error {
-			p.EncodeMapLen(2)
-			p.str("name", name)
-			p.bin("secret", secret)
-			return nil
-		},
-		func(dec *msgpack.Decoder) error {
-			return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-				if k == "principal" {
-					principal, err = dec.DecodeString()
-					return err
-				}
-				return dec.Skip()
-			})
+	err := c.do(ctx, "auth", authParams(name, secret), func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
+			if k == "principal" {
+				principal, err = dec.DecodeString()
+				return err
+			}
+			return dec.Skip()
 		})
+	})
+	if err == nil {
+		// Reconnections authenticate again as this principal.
+		c.dmu.Lock()
+		c.opts.User, c.opts.Secret = name, secret
+		c.dmu.Unlock()
+	}
 	return principal, err
+}
+
+func authParams(name string, secret []byte) func(params) error {
+	return func(p params) error {
+		p.EncodeMapLen(2)
+		p.str("name", name)
+		p.bin("secret", secret)
+		return nil
+	}
+}
+
+// auth authenticates a new connection before the client uses it.
+func (cn *link) auth(ctx context.Context, name string, secret []byte) error {
+	p := &call{done: make(chan error, 1)}
+	id, err := cn.start("auth", authParams(name, secret), p)
+	if err != nil {
+		return err
+	}
+	return cn.wait(ctx, id, p, false)
 }

@@ -128,26 +128,34 @@ func runBench(ctx context.Context, addr string, do *wire.DialOptions, cfg bench.
 	if c, cerr := count(context.WithoutCancel(ctx)); cerr == nil {
 		gc = &c
 	}
+	if err == nil && res.Errors > 0 {
+		err = fmt.Errorf("%d ops failed, the first: %s", res.Errors, res.FirstError)
+	}
 	if asJSON {
+		// One object: the result, and the error's code and message if
+		// the run failed (see errorJSON).
 		enc := json.NewEncoder(out)
 		enc.SetIndent("", "  ")
 		v := struct {
 			bench.Result
 			GroupCommit *bench.Commits `json:"group_commit,omitempty"`
-		}{res, gc}
+			Error       any            `json:"error,omitempty"`
+			Message     any            `json:"message,omitempty"`
+		}{Result: res, GroupCommit: gc}
+		if err != nil {
+			e := errorJSON(err)
+			v.Error, v.Message = e["error"], e["message"]
+		}
 		if jerr := enc.Encode(v); jerr != nil {
 			return jerr
 		}
-	} else {
-		printBench(out, addr, res, gc)
+		if err != nil {
+			return statusError(exitCode(err))
+		}
+		return nil
 	}
-	switch {
-	case err != nil:
-		return err
-	case res.Errors > 0:
-		return fmt.Errorf("%d ops failed, the first: %s", res.Errors, res.FirstError)
-	}
-	return nil
+	printBench(out, addr, res, gc)
+	return err
 }
 
 func printBench(w io.Writer, addr string, r bench.Result, gc *bench.Commits) {

@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"time"
-	"unicode/utf8"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/wire"
@@ -47,9 +46,9 @@ func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context
 	if err != nil {
 		return err
 	}
-	cl, err := dialAny(ctx, splitList(c.String("addr")), do)
+	cl, err := dial(ctx, c, do)
 	if err != nil {
-		return dialError(err)
+		return err
 	}
 	defer cl.Close()
 	err = fn(ctx, cl)
@@ -57,7 +56,7 @@ func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context
 		err = closedHint(err, do)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("no answer from %s within %v (--timeout)", c.String("addr"), c.Duration("timeout")+extra)
+		return fmt.Errorf("no answer from %s within %v (--timeout): %w", c.String("addr"), c.Duration("timeout")+extra, context.DeadlineExceeded)
 	}
 	return err
 }
@@ -88,6 +87,16 @@ func closedHint(err error, do *wire.DialOptions) error {
 	return err
 }
 
+// dial connects to the first of --addr's addresses that answers; the
+// client reconnects to them (the next first) if its connection breaks.
+func dial(ctx context.Context, c *cli.Context, do *wire.DialOptions) (*wire.Client, error) {
+	cl, err := wire.DialCluster(ctx, splitList(c.String("addr")), do)
+	if err != nil {
+		return nil, dialError(err)
+	}
+	return cl, nil
+}
+
 // show writes v as JSON with --json, or the human text otherwise.
 func show(c *cli.Context, human string, v any) error {
 	if c.Bool("json") {
@@ -98,39 +107,9 @@ func show(c *cli.Context, human string, v any) error {
 	return err
 }
 
-// refused prints a refusal (as JSON with --json) and returns it, so the
-// exit status follows its code.
-func refused(c *cli.Context, err error) error {
-	fe, ok := err.(*fencekv.Error)
-	if !ok {
-		return err
-	}
-	if c.Bool("json") {
-		out := map[string]any{"error": fe.Code, "message": fe.Message}
-		switch fe.Code {
-		case fencekv.CodeStaleToken:
-			out["fence"] = fe.Fence
-		case fencekv.CodeNotHolder, fencekv.CodeLeaseExpired:
-			out["token"] = fe.Token
-		case fencekv.CodeLockHeld:
-			out["holder"], out["token"], out["retry_ms"] = fe.Holder, fe.Token, fe.RetryAfter.Milliseconds()
-		case fencekv.CodeCompareFailed:
-			out["revision"] = fe.Revision
-		}
-		json.NewEncoder(c.App.Writer).Encode(out)
-		return statusError(exitCode(err))
-	}
-	fmt.Fprintf(c.App.ErrWriter, "fencekv: %s\n", describe(err))
-	return statusError(exitCode(err))
-}
-
-// text renders a key or value for JSON: a string if it is UTF-8.
-func text(b []byte) any {
-	if utf8.Valid(b) {
-		return string(b)
-	}
-	return b // encoding/json writes base64
-}
+// refused returns a command's error. run prints it (as JSON with --json)
+// and maps it to the exit status: a refusal's follows its code.
+func refused(_ *cli.Context, err error) error { return err }
 
 func pingCommand() *cli.Command {
 	return &cli.Command{

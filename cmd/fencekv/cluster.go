@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"strings"
-	"time"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/cluster"
@@ -128,27 +127,4 @@ Example:
 			})
 		},
 	}
-}
-
-// dialAny connects to the first of addrs that answers (and lets it in,
-// with o's TLS and credentials).
-func dialAny(ctx context.Context, addrs []string, o *wire.DialOptions) (*wire.Client, error) {
-	var errs []error
-	for _, a := range addrs {
-		dctx, cancel := context.WithTimeout(ctx, 2*time.Second)
-		cl, err := wire.DialWith(dctx, a, o)
-		cancel()
-		if err == nil {
-			return cl, nil
-		}
-		var fe *fencekv.Error
-		if errors.As(err, &fe) {
-			return nil, err // the server answered: refused credentials are not a dead node
-		}
-		errs = append(errs, err)
-	}
-	if len(errs) == 0 {
-		return nil, errors.New("no server address given")
-	}
-	return nil, errors.Join(errs...)
 }

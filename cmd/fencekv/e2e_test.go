@@ -383,8 +383,13 @@ func TestKeys(t *testing.T) {
 	wantFields(t, decodeJSON(t, c.fails(exitCondition, "incr", "config/mode", "--json").stdout), map[string]any{"error": "not_integer"})
 
 	// scan lists live keys in byte order, with a prefix and a limit.
-	wantEqual(t, "scan first line", c.ok("scan", "--limit", "1"),
-		"config/mode\tblue\t(fence 0, revision 1)\n(more keys after \"config/mode\": raise --limit or page with --start)\n")
+	// The note that more keys follow goes to stderr: stdout has only keys.
+	r = c.run("scan", "--limit", "1")
+	wantEqual(t, "scan --limit 1", r.stdout, "config/mode\tblue\t(fence 0, revision 1)\n")
+	wantEqual(t, "scan --limit 1: stderr", r.stderr, "(more keys after \"config/mode\": raise --limit, or page on with --after \"config/mode\")\n")
+	// --after pages on without repeating the last key; --start includes it.
+	wantEqual(t, "scan --after", c.ok("scan", "--after", "config/mode", "--limit", "1"), "dash\t-x\t(fence 0, revision 3)\n")
+	wantEqual(t, "scan --start", c.ok("scan", "--start", "dash", "--limit", "1"), "dash\t-x\t(fence 0, revision 3)\n")
 	var keys []string
 	for _, it := range c.jsonOK("scan")["items"].([]any) {
 		keys = append(keys, it.(map[string]any)["key"].(string))
@@ -395,7 +400,8 @@ func TestKeys(t *testing.T) {
 	wantEqual(t, "scan config/ items", len(items), 1)
 	wantFields(t, items[0].(map[string]any), map[string]any{"key": "config/mode", "value": "blue", "fence": 0, "revision": 1})
 	wantFields(t, c.jsonOK("scan", "--limit", "2"), map[string]any{"more": true})
-	wantEqual(t, "scan nothing", c.ok("scan", "zzz"), "(no keys)\n")
+	r = c.run("scan", "zzz")
+	wantEqual(t, "scan nothing", r.stdout+"|"+r.stderr, "|(no keys)\n")
 
 	// del: a missing key is fine; the key is gone from get and scan.
 	wantContains(t, "del", c.ok("del", "doc"), "OK deleted")
@@ -533,7 +539,8 @@ func TestLocks(t *testing.T) {
 	s := startServer(t, t.TempDir())
 	c := s.shell(t)
 
-	wantEqual(t, "lock list, none", c.ok("lock", "list"), "(no locks held)\n")
+	r := c.run("lock", "list")
+	wantEqual(t, "lock list, none", r.stdout+"|"+r.stderr, "|(no locks held)\n")
 	wantContains(t, "lock info, never held", c.ok("lock", "info", "jobs/a"), "jobs/a\tfree")
 
 	a := parseToken(t, c.ok("lock", "acquire", "jobs/a", "--ttl", "1m", "--holder", "worker-1"))
@@ -572,7 +579,7 @@ func TestLocks(t *testing.T) {
 		return c.jsonOK("lock", "info", "jobs/a")["waiters"] == float64(1)
 	})
 	c.ok("lock", "release", "jobs/a", "--token", strconv.FormatUint(a, 10))
-	r := waiter.wait(t, 10*time.Second)
+	r = waiter.wait(t, 10*time.Second)
 	if r.code != 0 || parseToken(t, r.stdout) <= b {
 		t.Errorf("queued acquire: want a token above %d, got %v", b, r)
 	}

@@ -42,7 +42,7 @@ func value(c *cli.Context, arg string) ([]byte, error) {
 }
 
 func writeJSON(key []byte, r fencekv.WriteResult) map[string]any {
-	return map[string]any{"key": text(key), "fence": r.Fence, "revision": r.Revision}
+	return setText(map[string]any{"fence": r.Fence, "revision": r.Revision}, "key", key)
 }
 
 func getCommand() *cli.Command {
@@ -63,7 +63,8 @@ func getCommand() *cli.Command {
 					return refused(c, err)
 				}
 				if c.Bool("json") {
-					if err := show(c, "", map[string]any{"key": text(key), "found": e.Found, "value": text(e.Value), "fence": e.Fence, "revision": e.Revision}); err != nil {
+					out := setText(map[string]any{"found": e.Found, "fence": e.Fence, "revision": e.Revision}, "key", key)
+					if err := show(c, "", setText(out, "value", e.Value)); err != nil {
 						return err
 					}
 				} else if e.Found {
@@ -212,8 +213,18 @@ func scanCommand() *cli.Command {
 		Name:      "scan",
 		Usage:     "list keys by prefix, in byte order",
 		ArgsUsage: "[PREFIX]",
-		UsageText: "fencekv scan [PREFIX] [--start KEY] [--limit N] [--json]\n\nLists live keys in byte order with their values, fences and revisions.\n\nExamples:\n  fencekv scan inventory/\n  fencekv scan inventory/ --start inventory/sku-5 --limit 10 --json",
+		UsageText: `fencekv scan [PREFIX] [--after KEY | --start KEY] [--limit N] [--json]
+
+Lists live keys in byte order with their values, fences and revisions, at most
+--limit of them (100). When more keys follow, it says so on stderr (with --json:
+"more": true); page on with --after and the last key listed, which lists the
+keys after it (--start lists from a key on, that key included).
+
+Examples:
+  fencekv scan inventory/
+  fencekv scan inventory/ --after inventory/sku-5 --limit 10 --json`,
 		Flags: flags(clientFlags(), []cli.Flag{
+			&cli.StringFlag{Name: "after", Usage: "list the keys after `KEY` (the last of the previous page)"},
 			&cli.StringFlag{Name: "start", Usage: "first `KEY` to list (inclusive)"},
 			&cli.IntFlag{Name: "limit", Value: 100, Usage: "most keys to list"},
 		}),
@@ -222,8 +233,15 @@ func scanCommand() *cli.Command {
 				return err
 			}
 			o := fencekv.ScanOptions{Prefix: []byte(c.Args().First()), Limit: c.Int("limit")}
-			if s := c.String("start"); s != "" {
-				o.Start = []byte(s)
+			switch {
+			case c.IsSet("after") && c.IsSet("start"):
+				return usagef("scan: give --after or --start, not both")
+			case c.IsSet("after"):
+				// The first key after K in byte order is K followed by a
+				// zero byte.
+				o.Start = append([]byte(c.String("after")), 0)
+			case c.String("start") != "":
+				o.Start = []byte(c.String("start"))
 			}
 			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
 				items, more, err := cl.Scan(ctx, o)
@@ -234,15 +252,21 @@ func scanCommand() *cli.Command {
 				list := make([]map[string]any, 0, len(items))
 				for _, it := range items {
 					fmt.Fprintf(&b, "%s\t%s\t(fence %d, revision %d)\n", it.Key, it.Value, it.Fence, it.Revision)
-					list = append(list, map[string]any{"key": text(it.Key), "value": text(it.Value), "fence": it.Fence, "revision": it.Revision})
+					m := setText(map[string]any{"fence": it.Fence, "revision": it.Revision}, "key", it.Key)
+					list = append(list, setText(m, "value", it.Value))
 				}
-				if more {
-					fmt.Fprintf(&b, "(more keys after %q: raise --limit or page with --start)\n", items[len(items)-1].Key)
+				if len(items) == 0 && !c.Bool("json") {
+					// A note, not a key: on stderr, so that a pipe gets nothing.
+					fmt.Fprintln(c.App.ErrWriter, "(no keys)")
+					return nil
 				}
-				if len(items) == 0 {
-					b.WriteString("(no keys)")
+				if err := show(c, strings.TrimSuffix(b.String(), "\n"), map[string]any{"items": list, "more": more}); err != nil {
+					return err
 				}
-				return show(c, strings.TrimSuffix(b.String(), "\n"), map[string]any{"items": list, "more": more})
+				if more && !c.Bool("json") {
+					fmt.Fprintf(c.App.ErrWriter, "(more keys after %q: raise --limit, or page on with --after %q)\n", items[len(items)-1].Key, items[len(items)-1].Key)
+				}
+				return nil
 			})
 		},
 	}

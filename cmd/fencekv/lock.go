@@ -99,7 +99,7 @@ Example:
 					return refused(c, err)
 				}
 				return show(c, strconv.FormatUint(uint64(l.Token), 10),
-					map[string]any{"lock": name, "token": l.Token, "ttl_ms": l.TTL.Milliseconds()})
+					setText(map[string]any{"token": l.Token, "ttl_ms": l.TTL.Milliseconds()}, "lock", []byte(name)))
 			})
 		},
 	}
@@ -117,7 +117,7 @@ func lockRenewCommand() *cli.Command {
 			if err != nil {
 				return refused(c, err)
 			}
-			return show(c, fmt.Sprintf("OK ttl=%v", ttl), map[string]any{"lock": name, "token": token, "ttl_ms": ttl.Milliseconds()})
+			return show(c, fmt.Sprintf("OK ttl=%v", ttl), setText(map[string]any{"token": token, "ttl_ms": ttl.Milliseconds()}, "lock", []byte(name)))
 		}),
 	}
 }
@@ -133,14 +133,15 @@ func lockReleaseCommand() *cli.Command {
 			if err := cl.Release(ctx, name, token); err != nil {
 				return refused(c, err)
 			}
-			return show(c, "OK released", map[string]any{"lock": name, "token": token, "released": true})
+			return show(c, "OK released", setText(map[string]any{"token": token, "released": true}, "lock", []byte(name)))
 		}),
 	}
 }
 
 func lockJSON(in fencekv.LockInfo) map[string]any {
-	return map[string]any{"lock": in.Name, "held": in.Held, "holder": in.Holder, "token": in.Token,
+	m := map[string]any{"held": in.Held, "token": in.Token,
 		"ttl_ms": in.TTL.Milliseconds(), "waiters": in.Waiters, "lock_delay_ms": in.Delay.Milliseconds()}
+	return setText(setText(m, "lock", []byte(in.Name)), "holder", []byte(in.Holder))
 }
 
 func lockLine(in fencekv.LockInfo) string {
@@ -211,13 +212,18 @@ func lockListCommand() *cli.Command {
 					lines = append(lines, lockLine(in))
 					list = append(list, lockJSON(in))
 				}
-				if len(ls) == 0 {
-					lines = append(lines, "(no locks held)")
+				// Notes, not locks, go to stderr: a pipe gets only locks.
+				if len(ls) == 0 && !c.Bool("json") {
+					fmt.Fprintln(c.App.ErrWriter, "(no locks held)")
+					return nil
 				}
-				if more {
-					lines = append(lines, "(more: raise --limit)")
+				if err := show(c, strings.Join(lines, "\n"), map[string]any{"locks": list, "more": more}); err != nil {
+					return err
 				}
-				return show(c, strings.Join(lines, "\n"), map[string]any{"locks": list, "more": more})
+				if more && !c.Bool("json") {
+					fmt.Fprintln(c.App.ErrWriter, "(more locks: raise --limit)")
+				}
+				return nil
 			})
 		},
 	}

@@ -22,15 +22,31 @@ func main() {
 
 // run executes the CLI with args (args[0] is the program name) and returns
 // the process exit status.
+//
+// An error is printed as one line on stderr, or with --json as one JSON
+// object on stdout (see errorJSON), unless the command printed it itself.
 func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	app := newApp(stdin, stdout, stderr)
-	err := app.Run(reorder(app, args))
+	// A shell asking for completions puts completeFlag last, where
+	// urfave/cli looks for it: reorder must not move it.
+	complete, args := completing(args)
+	args = reorder(app, args)
+	if complete {
+		args = append(args, completeFlag)
+	}
+	err := app.Run(args)
 	if err == nil {
 		return 0
 	}
 	code := exitCode(err)
 	var ec cli.ExitCoder
-	if !errors.As(err, &ec) || ec.Error() != "" {
+	switch {
+	case errors.As(err, &ec) && ec.Error() == "":
+	case jsonRequested(args) && commandName(args) == "run-locked":
+		writeErrorJSON(stderr, err) // its stdout is its command's
+	case jsonRequested(args):
+		writeErrorJSON(stdout, err)
+	default:
 		fmt.Fprintf(stderr, "fencekv: %v\n", err)
 	}
 	return code
@@ -52,14 +68,22 @@ Exit status: 0 ok; 1 server or connection error; 2 usage error (bad
 arguments, bad_request, too_large); 3 refused by fencing (stale_token,
 not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
 condition failed (compare_failed, not_integer); 6 key not found (get);
-7 verify found a broken guarantee; 8 unauthenticated (no or wrong
-credentials); 9 permission_denied.`,
-		Reader:          stdin,
-		Writer:          stdout,
-		ErrWriter:       stderr,
-		HideHelpCommand: true,
-		Suggest:         true,
-		ExitErrHandler:  func(*cli.Context, error) {}, // run maps errors to statuses
+7 verify found a broken guarantee, or check found damage; 8
+unauthenticated (no or wrong credentials); 9 permission_denied. run-locked
+exits with its command's status, or --lost-status (3) if the lease may
+have been lost.
+
+With --json, a command prints one JSON object on stdout: its result, or
+its error as {"error": CODE, "message": ...} (run-locked: on stderr).
+
+Shell completion: fencekv completion bash|zsh|fish.`,
+		Reader:               stdin,
+		Writer:               stdout,
+		ErrWriter:            stderr,
+		HideHelpCommand:      true,
+		Suggest:              true,
+		EnableBashCompletion: true,
+		ExitErrHandler:       func(*cli.Context, error) {}, // run maps errors to statuses
 		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
 			return usageError{err}
 		},
@@ -87,9 +111,10 @@ credentials); 9 permission_denied.`,
 			verifyClientCommand(),
 			benchCommand(),
 			authCommand(),
+			completionCommand(),
 		},
 	}
-	app.Action = helpOrUnknown(cli.ShowAppHelp)
+	app.Action = helpOrUnknown(cli.ShowAppHelp, "fencekv", app.Commands)
 	strictUsage(app.Commands)
 	return app
 }
@@ -102,33 +127,35 @@ func strictUsage(cmds []*cli.Command) {
 	for _, c := range cmds {
 		if c.OnUsageError == nil {
 			c.OnUsageError = func(cc *cli.Context, err error, _ bool) error {
-				return usageError{fmt.Errorf("%w (see '%s --help')", err, cc.Command.HelpName)}
+				return usageError{fmt.Errorf("%w (see '%s --help')", flagHint(cc.Command, err), cc.Command.HelpName)}
 			}
 		}
 		if len(c.Subcommands) > 0 {
 			if c.Action == nil {
 				c.HideHelpCommand = true // helpOrUnknown answers "lock help acquire"
-				c.Action = helpOrUnknown(cli.ShowSubcommandHelp)
+				c.Action = helpOrUnknown(cli.ShowSubcommandHelp, "fencekv "+c.Name, c.Subcommands)
 			}
 			strictUsage(c.Subcommands)
 		}
 	}
 }
 
-// helpOrUnknown is the action of a command that only groups others: with
-// no arguments it shows the help, with one it refuses the unknown name.
-func helpOrUnknown(help func(*cli.Context) error) cli.ActionFunc {
+// helpOrUnknown is the action of group, a command that only groups cmds
+// (or of the app): with no arguments it shows the help, with one it
+// refuses the unknown name, with the nearest known one and the group's
+// own commands.
+func helpOrUnknown(help func(*cli.Context) error, group string, cmds []*cli.Command) cli.ActionFunc {
 	return func(c *cli.Context) error {
 		switch a := c.Args(); {
 		case a.First() == "help" && a.Len() == 1:
 			return help(c)
 		case a.First() == "help": // "fencekv help put"
 			if cli.ShowCommandHelp(c, a.Get(1)) != nil {
-				return usagef("unknown command %q (see 'fencekv --help')", a.Get(1))
+				return unknownCommand(group, cmds, a.Get(1))
 			}
 			return nil
 		case a.Present():
-			return usagef("unknown command %q (see 'fencekv --help')", a.First())
+			return unknownCommand(group, cmds, a.First())
 		}
 		return help(c)
 	}

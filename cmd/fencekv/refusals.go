@@ -81,9 +81,13 @@ func showRefusal(c *cli.Context, r fencekv.Refusal) error {
 	if r.Client != "" {
 		fmt.Fprintf(&b, " from %s", r.Client)
 	}
-	return show(c, b.String(), map[string]any{
-		"seq": r.Seq, "time": r.Time.Format(time.RFC3339Nano), "code": r.Code, "op": r.Op, "key": string(r.Key),
-		"lock": r.Lock, "token": r.Token, "fence": r.Fence, "holder_token": r.Holder,
-		"granted_lock": r.GrantedLock, "granted_holder": r.GrantedHolder, "client": r.Client,
-	})
+	m := map[string]any{
+		"seq": r.Seq, "time": r.Time.Format(time.RFC3339Nano), "time_ms": r.Time.UnixMilli(), "code": r.Code, "op": r.Op,
+		"token": r.Token, "fence": r.Fence, "holder_token": r.Holder, "client": r.Client,
+	}
+	setText(m, "key", r.Key)
+	setText(m, "lock", []byte(r.Lock))
+	setText(m, "granted_lock", []byte(r.GrantedLock))
+	setText(m, "granted_holder", []byte(r.GrantedHolder))
+	return show(c, b.String(), m)
 }

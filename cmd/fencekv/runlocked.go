@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -21,14 +22,23 @@ func runLockedCommand() *cli.Command {
 		Name:      "run-locked",
 		Usage:     "run a command while holding a lock (like flock(1), distributed)",
 		ArgsUsage: "NAME -- COMMAND [ARGS...]",
-		UsageText: `fencekv run-locked NAME [--ttl 10s] [--wait 30s] [--grace 10s] -- COMMAND [ARGS...]
+		UsageText: `fencekv run-locked NAME [--ttl 10s] [--wait 30s] [--grace 10s] [--lost-status 3] -- COMMAND [ARGS...]
 
 Acquires NAME (queueing up to --wait), runs COMMAND with FENCEKV_TOKEN,
 FENCEKV_LOCK and FENCEKV_ADDR in its environment, and renews the lease while it
-runs. If the lease may be lost (a renew is refused, or none succeeded within the
-TTL), the command is sent SIGTERM, then SIGKILL after --grace, and run-locked
-exits 3. When the command ends, the lock is released and run-locked exits with
-the command's status. Exit 4: the lock stayed held for all of --wait.
+runs, through reconnects: a server restarted (or, in a cluster, a new leader)
+within the TTL costs nothing. If the lease may be lost (a renew is refused, or
+none succeeded within the TTL), the command's process group is sent SIGTERM,
+then SIGKILL after --grace; run-locked then releases the lock if the server
+still holds it for this lease, and exits with --lost-status (3). When the
+command ends, the lock is released and run-locked exits with the command's
+status; choose a --lost-status your command never exits with to tell the two
+apart. Exit 4: the lock stayed held for all of --wait. If run-locked itself
+dies, even by kill -9, the command's process group is stopped.
+
+With --json, run-locked prints its report (or error) as one JSON object on
+stderr once the command has ended (stdout is the command's):
+  {"command_status": C, "lease_lost": false, "lock": NAME, "status": S, "token": T}
 
 The command should pass the token with its writes, so the store refuses them
 if it is ever too late:
@@ -38,6 +48,7 @@ if it is ever too late:
 			&cli.DurationFlag{Name: "ttl", Value: 10 * time.Second, Usage: "lease length (renewed every third of it)"},
 			&cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "queue for the lock up to this long"},
 			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "after SIGTERM, wait this long before SIGKILL"},
+			&cli.IntFlag{Name: "lost-status", Value: exitFenced, Usage: "exit `STATUS` when the lease may have been lost and the command was stopped (1-255)"},
 			&cli.StringFlag{Name: "holder", Usage: "holder name shown by 'lock info' (default host:pid)"},
 		}),
 		Action: runLocked,
@@ -82,33 +93,76 @@ func runLocked(c *cli.Context) error {
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
 	defer signal.Stop(sigs)
 
+	lostStatus := c.Int("lost-status")
+	if lostStatus < 1 || lostStatus > 255 {
+		return usagef("run-locked: --lost-status %d: want 1 to 255", lostStatus)
+	}
+
 	ctx := c.Context
+	report := map[string]any{}
+	setText(report, "lock", []byte(name))
 	do, err := clientSecurityOf(c).dialOptions()
 	if err != nil {
-		return err
+		return runLockedResult(c, report, err)
 	}
-	cl, err := dialAny(ctx, splitList(c.String("addr")), do)
+	cl, err := dial(ctx, c, do)
 	if err != nil {
-		return dialError(err)
+		return runLockedResult(c, report, err)
 	}
 	defer cl.Close()
-	lo := &wire.LockOptions{AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder}}
+	lo := &wire.LockOptions{
+		AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder},
+		// After a lost lease, the release is tried for up to the TTL:
+		// a server back by then (restarted, so the lease has its full TTL
+		// again) frees the lock at once rather than a TTL later.
+		ReleaseTimeout: min(c.Duration("ttl"), 5*time.Second),
+	}
 	// The server bounds the wait (wait_ms); from the grant on, the lease's
 	// own context governs.
 	err = cl.WithLock(ctx, name, c.Duration("ttl"), lo, func(lctx context.Context, l fencekv.Lease) error {
+		report["token"] = l.Token
 		return runChild(lctx, c, l, argv, sigs)
 	})
 	var ce *childExit
 	switch {
 	case errors.As(err, &ce) && ce.lost != nil:
-		fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked %s: %v\n", name, ce)
-		return statusError(exitFenced)
+		report["status"], report["lease_lost"] = lostStatus, true
+		if !c.Bool("json") {
+			fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked %s: %v\n", name, ce)
+			return statusError(lostStatus)
+		}
+		report["command_status"] = ce.status
+		for k, v := range errorJSON(ce) {
+			report[k] = v
+		}
+		report["error"] = errLeaseLost
+		return runLockedResult(c, report, statusError(lostStatus))
 	case errors.As(err, &ce):
-		return statusError(ce.status)
+		report["status"], report["command_status"], report["lease_lost"] = ce.status, ce.status, false
+		return runLockedResult(c, report, statusError(ce.status))
 	case err != nil:
-		return refused(c, err)
+		return runLockedResult(c, report, err)
 	}
 	return nil
+}
+
+// runLockedResult reports how run-locked ended, with --json as one object
+// on stderr (the report, with the error's fields if it failed), and
+// returns the exit status. Without --json, an error is left to run to
+// print.
+func runLockedResult(c *cli.Context, report map[string]any, err error) error {
+	if !c.Bool("json") {
+		return err
+	}
+	if _, printed := err.(statusError); !printed {
+		for k, v := range errorJSON(err) {
+			report[k] = v
+		}
+		report["status"] = exitCode(err)
+		err = statusError(exitCode(err))
+	}
+	json.NewEncoder(c.App.ErrWriter).Encode(report)
+	return err
 }
 
 // runChild runs argv with the lease in its environment until it exits, or
@@ -150,13 +204,14 @@ func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []strin
 			signalGroup(syscall.SIGTERM)
 			grace := time.NewTimer(c.Duration("grace"))
 			defer grace.Stop()
+			var err error
 			select {
-			case <-exited:
+			case err = <-exited:
 			case <-grace.C:
 				signalGroup(syscall.SIGKILL)
-				<-exited
+				err = <-exited
 			}
-			return &childExit{status: exitFenced, lost: cause}
+			return &childExit{status: status(err), lost: cause}
 		}
 	}
 }

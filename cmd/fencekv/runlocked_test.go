@@ -13,6 +13,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/fencekv/fencekv/cluster/clustertest"
 )
 
 // readFile returns the file's content, or "" if it does not exist yet.
@@ -47,9 +49,14 @@ func childInfo(t *testing.T, path string) (pid int, token uint64) {
 // reaped by init, a moment later).
 func wantGone(t *testing.T, pid int) {
 	t.Helper()
-	if err := syscall.Kill(pid, 0); err != syscall.ESRCH && !zombie(pid) {
-		t.Errorf("process %d still runs (kill 0: %v)", pid, err)
+	if !gone(pid) {
+		t.Errorf("process %d still runs", pid)
 	}
+}
+
+// gone reports whether a process no longer runs (see wantGone).
+func gone(pid int) bool {
+	return syscall.Kill(pid, 0) == syscall.ESRCH || zombie(pid)
 }
 
 // A child script that records its pid and token, then sleeps.
@@ -201,6 +208,9 @@ func TestRunLockedServerPaused(t *testing.T) {
 
 	s.signal(t, syscall.SIGSTOP)
 	paused := time.Now()
+	// The signal is delivered to every thread in turn: wait until none
+	// runs, or the first request could still be answered.
+	waitFor(t, 10*time.Second, "the server's threads to stop", func() bool { return stopped(s.cmd.Process.Pid) })
 	t.Cleanup(func() { syscall.Kill(s.cmd.Process.Pid, syscall.SIGCONT) })
 	// A client command gives up on the silent server after --timeout.
 	start := time.Now()
@@ -208,6 +218,15 @@ func TestRunLockedServerPaused(t *testing.T) {
 	if d := time.Since(start); d > 2*time.Second {
 		t.Errorf("get --timeout 300ms took %v", d)
 	}
+	wantFields(t, decodeJSON(t, c.fails(exitError, "get", "k", "--timeout", "300ms", "--json").stdout), map[string]any{"error": "timeout"})
+	waitFor(t, 10*time.Second, "both commands to be stopped", func() bool { return gone(pid1) && gone(pid2) })
+	// The lease of 1s is measured from the last renew's send, up to a
+	// third of the TTL before the pause; then 300ms of grace.
+	if d := time.Since(paused); d > 3*time.Second {
+		t.Errorf("commands stopped %v after the server paused, want about the TTL (1s)", d)
+	}
+	// Then run-locked tries to release the lock (for up to the TTL) and
+	// exits.
 	for _, p := range []*proc{polite, stubborn} {
 		r := p.wait(t, 10*time.Second)
 		wantEqual(t, "run-locked exit status", r.code, exitFenced)
@@ -216,13 +235,6 @@ func TestRunLockedServerPaused(t *testing.T) {
 			t.Errorf("the command outlived its lease: %v", r)
 		}
 	}
-	// The lease of 1s is measured from the last renew's send, up to a
-	// third of the TTL before the pause; then 300ms of grace.
-	if d := time.Since(paused); d > 3*time.Second {
-		t.Errorf("commands stopped %v after the server paused, want about the TTL (1s)", d)
-	}
-	wantGone(t, pid1)
-	wantGone(t, pid2)
 
 	s.signal(t, syscall.SIGCONT)
 	sc := s.shell(t)
@@ -335,13 +347,13 @@ func TestRunLockedServerKilled(t *testing.T) {
 	pid, _ := childInfo(t, filepath.Join(dir, "gone"))
 	s.kill()
 	killed := time.Now()
-	r := p.wait(t, 10*time.Second)
-	wantEqual(t, "run-locked exit status", r.code, exitFenced)
-	wantContains(t, "run-locked stderr", r.stderr, "lease lost")
+	waitFor(t, 10*time.Second, "the command to be stopped", func() bool { return gone(pid) })
 	if d := time.Since(killed); d > 3*time.Second {
 		t.Errorf("command stopped %v after the server died, want about the TTL (1s)", d)
 	}
-	wantGone(t, pid)
+	r := p.wait(t, 10*time.Second)
+	wantEqual(t, "run-locked exit status", r.code, exitFenced)
+	wantContains(t, "run-locked stderr", r.stderr, "lease lost")
 }
 
 // TestRunLockedKilledTakesItsJob: kill -9 of run-locked stops its command
@@ -382,4 +394,181 @@ func zombie(pid int) bool {
 	}
 	f := strings.Fields(string(b))
 	return len(f) > 2 && f[2] == "Z"
+}
+
+// A child script that records its pid and token, then runs until the test
+// creates the file $DIR/done.
+const recordAndWait = `echo $$ $FENCEKV_TOKEN > "$DIR/$FENCEKV_LOCK"
+while [ ! -e "$DIR/done" ]; do sleep 0.05; done`
+
+// stillRunning checks, for the whole of d, that run-locked has not exited
+// and its command runs: the lease was never given up meanwhile.
+func stillRunning(t *testing.T, p *proc, pid int, d time.Duration) {
+	t.Helper()
+	end := time.Now().Add(d)
+	for time.Now().Before(end) {
+		if p.exited() || gone(pid) {
+			t.Fatalf("run-locked gave up (command gone: %v): %v", gone(pid), p.wait(t, 10*time.Second))
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// TestRunLockedServerRestart: the server is restarted gracefully (well
+// within the TTL) under a running run-locked. run-locked reconnects and
+// renews, so its command keeps running past a whole TTL after the
+// restart, and the lock stays held by its token until the command ends.
+func TestRunLockedServerRestart(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir)
+	const ttl = 4 * time.Second
+	p := c.start("run-locked", "restarted", "--ttl", ttl.String(), "--", "sh", "-c", recordAndWait)
+	pid, tok := childInfo(t, filepath.Join(dir, "restarted"))
+
+	down := time.Now()
+	s.stop(t)
+	s = startServer(t, s.dir, "--listen", s.addr)
+	t.Logf("the server was down for %v", time.Since(down))
+	stillRunning(t, p, pid, ttl+ttl/2)
+	wantFields(t, s.shell(t).jsonOK("lock", "info", "restarted"), map[string]any{"held": true, "token": int(tok)})
+
+	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := p.wait(t, 10*time.Second); r.code != 0 {
+		t.Fatalf("want exit 0, got %v", r)
+	}
+	wantFields(t, s.shell(t).jsonOK("lock", "info", "restarted"), map[string]any{"held": false})
+}
+
+// TestRunLockedServerDownPastTTL: the server stops and stays down past
+// the TTL. run-locked gives the lease up: the command is stopped, and
+// run-locked exits with --lost-status; meanwhile the server comes back
+// (having given the lease its full TTL again, as after any restart), and
+// run-locked releases the lock that was still its. With --json, its
+// report says so on stderr.
+func TestRunLockedServerDownPastTTL(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir)
+	const ttl = 4 * time.Second
+	p := c.start("run-locked", "down", "--ttl", ttl.String(), "--grace", "1s", "--lost-status", "75", "--json",
+		"--", "sh", "-c", recordAndWait)
+	pid, tok := childInfo(t, filepath.Join(dir, "down"))
+
+	s.stop(t)
+	stopped := time.Now()
+	waitFor(t, 3*ttl, "the command to be stopped", func() bool { return gone(pid) })
+	// Not at the disconnect: only once no renew was acknowledged for a TTL
+	// (from the last acknowledged one's send, at most a renew period, a
+	// third of the TTL, before the stop; more on a slow machine).
+	if d := time.Since(stopped); d < ttl/3 {
+		t.Errorf("command stopped %v after the server stopped, before its lease could run out (TTL %v)", d, ttl)
+	}
+	// run-locked now tries, for up to the TTL, to release the lock.
+	s = startServer(t, s.dir, "--listen", s.addr)
+	r := p.wait(t, 3*ttl)
+	wantEqual(t, "run-locked exit status", r.code, 75)
+	lines := strings.Split(strings.TrimSpace(r.stderr), "\n")
+	report := decodeJSON(t, lines[len(lines)-1])
+	wantFields(t, report, map[string]any{"lock": "down", "token": int(tok), "status": 75, "lease_lost": true, "error": "lease_lost"})
+	// Released: without the release, the restarted server would hold it
+	// for a full TTL from its start.
+	wantFields(t, s.shell(t).jsonOK("lock", "info", "down"), map[string]any{"held": false})
+}
+
+// TestRunLockedLostStatus: --lost-status picks the status of a lost
+// lease, so that it cannot be confused with the command's own; the
+// command's status still passes through, and a bad value is a usage error.
+func TestRunLockedLostStatus(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir)
+	c.fails(3, "run-locked", "st", "--lost-status", "75", "--", "sh", "-c", "exit 3")
+	p := c.start("run-locked", "st", "--ttl", "1s", "--lost-status", "75", "--", "sh", "-c", recordAndSleep)
+	pid, tok := childInfo(t, filepath.Join(dir, "st"))
+	c.ok("lock", "release", "st", "--token", strconv.FormatUint(tok, 10))
+	r := p.wait(t, 10*time.Second)
+	wantEqual(t, "run-locked exit status", r.code, 75)
+	wantContains(t, "stderr", r.stderr, "not_holder")
+	wantGone(t, pid)
+	for _, bad := range []string{"0", "256"} {
+		c.fails(exitUsage, "run-locked", "st", "--lost-status", bad, "--", "true")
+	}
+	// --json: the report of a command that ended by itself, on stderr.
+	r = c.fails(7, "run-locked", "st", "--json", "--", "sh", "-c", "echo out; exit 7")
+	wantEqual(t, "stdout", r.stdout, "out\n")
+	wantFields(t, decodeJSON(t, r.stderr), map[string]any{"lock": "st", "status": 7, "command_status": 7, "lease_lost": false})
+	// ... and of one that could not get the lock.
+	c.ok("lock", "acquire", "st", "--ttl", "30s")
+	r = c.fails(exitLockHeld, "run-locked", "st", "--wait", "100ms", "--json", "--", "true")
+	wantEqual(t, "stdout", r.stdout, "")
+	wantFields(t, decodeJSON(t, r.stderr), map[string]any{"lock": "st", "status": exitLockHeld, "error": "lock_held"})
+}
+
+// TestRunLockedClusterLeaderKilled: run-locked is given all three nodes
+// of a cluster, the leader's first; the leader is killed (kill -9) while
+// the command runs, and with it run-locked's connection. A
+// new leader is elected within the TTL and gives the lease its full TTL
+// again; run-locked renews through whichever node answers, so the command
+// keeps running past a whole TTL after the kill and the lock stays held.
+func TestRunLockedClusterLeaderKilled(t *testing.T) {
+	if testing.Short() {
+		t.Skip("a cluster of real processes")
+	}
+	t.Parallel()
+	cl := clustertest.Start(t, bin, 3, nil)
+	// The leader first: run-locked connects to it, so the kill also
+	// breaks its connection, and it must reconnect to another node.
+	leader := cl.Leader(t)
+	addrs := []string{leader.Client}
+	for _, nd := range cl.Others(leader) {
+		addrs = append(addrs, nd.Client)
+	}
+	all := strings.Join(addrs, ",")
+	dir := t.TempDir()
+	c := &shell{t: t, env: []string{"FENCEKV_ADDR=" + all, "DIR=" + dir}}
+	const ttl = 6 * time.Second // a new leader within it, on a loaded machine too
+	p := c.start("run-locked", "failover", "--ttl", ttl.String(), "--", "sh", "-c", recordAndWait)
+	pid, tok := childInfo(t, filepath.Join(dir, "failover"))
+
+	cl.Kill(leader)
+	killed := time.Now()
+	next := cl.Leader(t)
+	t.Logf("killed leader %s; %s leads %v later", leader.Name, next.Name, time.Since(killed))
+	stillRunning(t, p, pid, ttl+ttl/2)
+	wantFields(t, c.jsonOK("lock", "info", "failover"), map[string]any{"held": true, "token": int(tok)})
+
+	if err := os.WriteFile(filepath.Join(dir, "done"), nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if r := p.wait(t, 20*time.Second); r.code != 0 {
+		t.Fatalf("want exit 0, got %v", r)
+	}
+	wantFields(t, c.jsonOK("lock", "info", "failover"), map[string]any{"held": false})
+}
+
+// stopped reports whether every thread of the process is stopped (state
+// T in /proc).
+func stopped(pid int) bool {
+	tasks, err := os.ReadDir(fmt.Sprintf("/proc/%d/task", pid))
+	if err != nil || len(tasks) == 0 {
+		return false
+	}
+	for _, task := range tasks {
+		b, err := os.ReadFile(fmt.Sprintf("/proc/%d/task/%s/stat", pid, task.Name()))
+		if err != nil {
+			return false
+		}
+		// The state follows the command name, which is in parentheses.
+		rest := string(b[strings.LastIndexByte(string(b), ')')+1:])
+		if f := strings.Fields(rest); len(f) == 0 || f[0] != "T" && f[0] != "t" {
+			return false
+		}
+	}
+	return true
 }

@@ -52,7 +52,7 @@ Example: move 3 units from sku-1 to sku-2 while holding the lock
 				lines := []string{fmt.Sprintf("OK revision=%d", rev)}
 				results := make([]map[string]any, len(rs))
 				for i, r := range rs {
-					m := map[string]any{"key": string(r.Key), "fence": r.Fence, "revision": r.Revision}
+					m := setText(map[string]any{"fence": r.Fence, "revision": r.Revision}, "key", r.Key)
 					line := fmt.Sprintf("%s %q fence=%d", ops[i].Op, r.Key, r.Fence)
 					if ops[i].Op == fencekv.OpIncr {
 						m["value"] = r.Int

@@ -66,13 +66,25 @@ Scratch keys and locks live under verify/<random>/ and are deleted at the end
 				return usagef("verify: --rounds and --updates must be >= 0, --clients and --ttl > 0")
 			}
 			rep, err := verify.Run(c.Context, cfg)
-			if rep != nil && c.Bool("json") {
-				show(c, "", rep)
+			if err != nil {
+				err = fmt.Errorf("verify could not finish: %w", err)
+			}
+			if c.Bool("json") && rep != nil {
+				// One object: the report, and the error if it did not finish.
+				out := verifyJSON(rep)
+				if err != nil {
+					for k, v := range errorJSON(err) {
+						out[k] = v
+					}
+					show(c, "", out)
+					return statusError(exitCode(err))
+				}
+				show(c, "", out)
 			} else if rep != nil {
 				fmt.Fprint(c.App.Writer, rep.String())
 			}
 			if err != nil {
-				return fmt.Errorf("verify could not finish: %w", err)
+				return err
 			}
 			if !rep.OK() {
 				return statusError(exitViolation)
@@ -99,5 +111,32 @@ func verifyClientCommand() *cli.Command {
 			}
 			return nil
 		},
+	}
+}
+
+// verifyJSON is the report as --json prints it, in the CLI's style:
+// snake_case names, durations in *_ms.
+func verifyJSON(r *verify.Report) map[string]any {
+	violations := r.Violations
+	if violations == nil {
+		violations = []string{}
+	}
+	return map[string]any{
+		"ok":             r.OK(),
+		"prefix":         r.Prefix,
+		"rounds":         r.Rounds,
+		"stale_refused":  r.StaleRefused,
+		"stale_accepted": r.StaleAccepted,
+		"held_refused":   r.HeldRefused,
+		"held_accepted":  r.HeldAccepted,
+		"updates":        r.Updates,
+		"acked":          r.Acked,
+		"late_attempted": r.LateAttempted,
+		"late_refused":   r.LateRefused,
+		"late_accepted":  r.LateAccepted,
+		"counter":        r.Counter,
+		"total":          r.Total,
+		"violations":     violations,
+		"elapsed_ms":     r.Elapsed.Milliseconds(),
 	}
 }
