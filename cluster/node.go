@@ -188,7 +188,7 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft snapshots: %w", err)
 	}
-	addr, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAddr)
+	addr, err := net.ResolveTCPAddr("tcp", n.cfg.raftAdvertise())
 	if err != nil {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft address: %w", err)
