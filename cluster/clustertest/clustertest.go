@@ -1,12 +1,16 @@
 // Package clustertest runs real `fencekv serve` cluster nodes on loopback
 // for tests: it builds the binary, starts nodes on free ports with temp
 // data dirs, and injects process faults (kill -9, SIGSTOP/SIGCONT,
-// restart). Every process it starts is stopped by its PID when the test
+// restart) and, with Options.Proxy, network faults between nodes' raft
+// traffic (cuts, one-way or both ways, delays, partitions that heal; see
+// proxy.go). Every process it starts is stopped by its PID when the test
 // ends.
 //
 //	bin := clustertest.Build(t)
-//	c := clustertest.Start(t, bin, 3)
+//	c := clustertest.Start(t, bin, 3, &clustertest.Options{Proxy: true})
 //	leader := c.Leader(t)
+//	c.Isolate(leader) // the leader alone in a minority
+//	c.Heal()
 //	c.Kill(leader)
 package clustertest
 
@@ -77,9 +81,12 @@ type Node struct {
 	Name   string
 	Dir    string
 	Client string // client address
-	Raft   string
-	Gossip string
-	Extra  []string // more serve flags
+	Raft   string // where it listens for raft
+	// RaftAdvertise is the raft address the other nodes dial: its fault
+	// proxy's, or "" when the cluster has none (they dial Raft).
+	RaftAdvertise string
+	Gossip        string
+	Extra         []string // more serve flags
 
 	mu  sync.Mutex // guards cmd, log, exited
 	cmd *exec.Cmd
@@ -92,12 +99,18 @@ type Node struct {
 type Cluster struct {
 	Bin   string
 	Nodes []*Node
-	tb    testing.TB
+	// Faults says what happens to the raft traffic between each pair of
+	// nodes; nil unless the cluster was started with Options.Proxy.
+	Faults *Faults
+	tb     testing.TB
 }
 
 // Options tune Start.
 type Options struct {
 	Extra []string // serve flags for every node (e.g. "--reap-after", "2s")
+	// Proxy puts a fault proxy in front of each node's raft listener, for
+	// network faults (Cut, Isolate, Partition, SetLink, Heal).
+	Proxy bool
 }
 
 // Start starts n nodes that bootstrap one cluster (--bootstrap-expect n,
@@ -108,6 +121,9 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 	var extra []string
 	if o != nil {
 		extra = o.Extra
+		if o.Proxy {
+			c.Faults = NewFaults()
+		}
 	}
 	for i := range n {
 		c.Nodes = append(c.Nodes, c.newNode(fmt.Sprintf("n%d", i), extra))
@@ -120,9 +136,10 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 	return c
 }
 
-// newNode reserves addresses and a data dir for a node.
+// newNode reserves addresses and a data dir for a node, and starts its
+// fault proxy if the cluster has them.
 func (c *Cluster) newNode(name string, extra []string) *Node {
-	return &Node{
+	nd := &Node{
 		Name:   name,
 		Dir:    filepath.Join(c.tb.TempDir(), name),
 		Client: freeAddr(c.tb),
@@ -130,6 +147,15 @@ func (c *Cluster) newNode(name string, extra []string) *Node {
 		Gossip: freeAddr(c.tb),
 		Extra:  extra,
 	}
+	if c.Faults != nil {
+		p, err := NewProxy(nd.Name, nd.Raft, c.Faults)
+		if err != nil {
+			c.tb.Fatalf("clustertest: proxy for %s: %v", name, err)
+		}
+		c.tb.Cleanup(func() { p.Close() })
+		nd.RaftAdvertise = p.Addr()
+	}
+	return nd
 }
 
 // gossipList is every other node's gossip address.
@@ -179,6 +205,9 @@ func freeAddr(tb testing.TB) string {
 func (c *Cluster) launch(nd *Node, extra []string) {
 	args := []string{"serve", "--node", nd.Name, "--data", nd.Dir, "--listen", nd.Client,
 		"--raft", nd.Raft, "--gossip", nd.Gossip, "--log-level", "info"}
+	if nd.RaftAdvertise != "" {
+		args = append(args, "--raft-advertise", nd.RaftAdvertise)
+	}
 	args = append(args, nd.Extra...)
 	args = append(args, extra...)
 	cmd := exec.Command(c.Bin, args...)
@@ -414,6 +443,52 @@ func (c *Cluster) WaitWritable(tb testing.TB, within time.Duration) {
 			tb.Fatalf("clustertest: no write acknowledged within %v", within)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// SetLink sets what happens to the raft bytes from one node to another
+// (see Link). The cluster must have been started with Options.Proxy.
+func (c *Cluster) SetLink(from, to *Node, l Link) {
+	if c.Faults == nil {
+		c.tb.Fatal("clustertest: network faults need Options.Proxy")
+	}
+	c.Faults.Set(from.Name, to.Name, l)
+}
+
+// Cut drops everything from sends to (one way: to may still reach from).
+func (c *Cluster) Cut(from, to *Node) { c.SetLink(from, to, Link{Mode: Drop}) }
+
+// Isolate cuts nd off from every other node, both ways: a leader isolated
+// is alone in a minority; a follower isolated is cut off from the leader
+// and the rest.
+func (c *Cluster) Isolate(nd *Node) {
+	for _, o := range c.Nodes {
+		if o != nd {
+			c.Cut(nd, o)
+			c.Cut(o, nd)
+		}
+	}
+}
+
+// Partition cuts every link, both ways, between nodes of different
+// groups; links within a group are left as they are.
+func (c *Cluster) Partition(groups ...[]*Node) {
+	for i, g := range groups {
+		for _, h := range groups[i+1:] {
+			for _, a := range g {
+				for _, b := range h {
+					c.Cut(a, b)
+					c.Cut(b, a)
+				}
+			}
+		}
+	}
+}
+
+// Heal makes every link pass again.
+func (c *Cluster) Heal() {
+	if c.Faults != nil {
+		c.Faults.HealAll()
 	}
 }
 
