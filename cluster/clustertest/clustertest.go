@@ -18,11 +18,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -180,15 +182,20 @@ func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
 }
 
 // freeAddr returns a loopback address with a port free for TCP and UDP
-// (memberlist uses both).
+// (memberlist uses both). The port is below the kernel's ephemeral range,
+// so that no connection or listener on port 0, in this test or any other
+// process, is given it between now and when the node binds it (and binds
+// it again after a restart).
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	lo, hi := fixedPorts()
+	for range 200 {
+		port := lo + rand.IntN(hi-lo)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			tb.Fatal(err)
+			continue
 		}
-		addr := l.Addr().String()
 		u, err := net.ListenPacket("udp", addr)
 		l.Close()
 		if err != nil {
@@ -199,6 +206,20 @@ func freeAddr(tb testing.TB) string {
 	}
 	tb.Fatal("clustertest: no free port for TCP and UDP")
 	return ""
+}
+
+// fixedPorts is the range freeAddr picks from: below the ephemeral ports
+// (/proc/sys/net/ipv4/ip_local_port_range; 32768 by default).
+func fixedPorts() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 12000 {
+				hi = n
+			}
+		}
+	}
+	return 10000, hi
 }
 
 // launch starts the node's process.
