@@ -49,6 +49,16 @@ verify: build
 	bash verify/live.sh ./$(BIN) --rounds 100 --ttl 500ms --clients 4 --updates 400
 	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash' -count=1 -v -timeout 30m ./verify
 
+# `fencekv verify` against a 3-node cluster (every node's address, --addr
+# a,b,c) while the leader is killed with -9 and restarted, and paused with
+# SIGSTOP and continued, over and over (verify/verify_test.go starts the
+# nodes on free loopback ports and temp dirs and stops them by PID). It must
+# accept no stale write. A few minutes.
+.PHONY: verify-cluster
+verify-cluster:
+	FENCEKV_VERIFY_CLUSTER=1 FENCEKV_VERIFY_FLAGS="--rounds 40 --ttl 1s --clients 4 --updates 300" \
+		$(GO) test -run '^TestVerifyCLICluster$$' -count=1 -v -timeout 20m ./verify
+
 clean:
 	rm -rf bin $(DATA)
 
