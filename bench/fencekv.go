@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -10,10 +12,15 @@ import (
 
 // DialFencekv returns a Dialer of fencekv servers at addr (host:port): each
 // Driver is a wire.Client of its own. Acquire with a wait queues on the
-// server (first come, first served); Put is a put with the token.
+// server (first come, first served); Put is a put with the token. addr
+// may list a cluster's nodes, comma-separated: the Drivers are spread
+// over them, one after another.
 func DialFencekv(addr string) Dialer {
+	addrs := strings.Split(addr, ",")
+	var next atomic.Uint64
 	return func(ctx context.Context) (Driver, error) {
-		c, err := wire.Dial(ctx, addr)
+		a := strings.TrimSpace(addrs[(next.Add(1)-1)%uint64(len(addrs))])
+		c, err := wire.Dial(ctx, a)
 		if err != nil {
 			return nil, err
 		}
