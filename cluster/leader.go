@@ -191,31 +191,10 @@ func (n *Node) leaderClientAddr() (string, bool) {
 }
 
 // apply proposes one command (stamped by the caller) and waits for its
-// result. An error that is not a *fencekv.Error's refusal says whether
-// the command may have been applied.
-func (n *Node) apply(c fencekv.Command) (fencekv.Result, error) {
-	f := n.raft.Apply(fencekv.EncodeBatch([]fencekv.Command{c}), n.cfg.HoldTimeout)
-	if err := f.Error(); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
-			return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "not applied: " + err.Error()}
-		default:
-			// Lost leadership after the entry was appended, or shut
-			// down: it may yet commit.
-			return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown,
-				Message: "outcome unknown: " + err.Error()}
-		}
-	}
-	switch r := f.Response().(type) {
-	case []fencekv.Result:
-		if len(r) == 1 {
-			return r[0], nil
-		}
-	case error:
-		return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown, Message: r.Error()}
-	}
-	return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("unexpected raft response %T", f.Response())}
-}
+// result, in an entry shared with the commands proposed at the same time
+// (propose.go). An error that is not a *fencekv.Error's refusal says
+// whether the command may have been applied.
+func (n *Node) apply(c fencekv.Command) (fencekv.Result, error) { return n.props.apply(c) }
 
 // propose runs c on the leader: here if this node is the ready leader
 // (stamping its time and term), else errForward.

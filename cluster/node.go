@@ -27,6 +27,7 @@ const (
 	raftFile      = "raft.db"   // raft's log and its term and vote (raft-boltdb)
 	snapshotsDir  = "snapshots" // raft's snapshots of the data file
 	keepSnapshots = 2
+	logCacheSize  = 1024 // raft entries kept in memory (raft.LogCache)
 )
 
 // Node is one member of a cluster. It serves the same methods as a
@@ -63,6 +64,7 @@ type Node struct {
 
 	reads verifier
 	fwd   forwarder
+	props *proposer
 
 	stop chan struct{} // closed by Close
 	wg   sync.WaitGroup
@@ -122,6 +124,10 @@ func Open(cfg Config) (n *Node, err error) {
 
 	n.reads.n = n
 	n.fwd.n = n
+	n.props = newProposer(n)
+	n.wg.Add(1)
+	go n.props.run()
+	closers = append(closers, closerFunc(func() error { close(n.stop); return nil }))
 	if err := n.startGossip(); err != nil {
 		return nil, err
 	}
@@ -198,7 +204,16 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft transport: %w", err)
 	}
-	n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.trans)
+	// Keep the newest entries in memory: the leader reads each entry it
+	// sends to followers and the FSM each entry it applies, and would
+	// otherwise read them back from bbolt.
+	logs, err := raft.NewLogCache(logCacheSize, n.store)
+	if err != nil {
+		n.trans.Close()
+		n.store.Close()
+		return fmt.Errorf("cluster: raft log cache: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.store.Close()
