@@ -19,6 +19,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 )
 
 // Files of a node's data dir, beside the engine's data file.
@@ -185,7 +186,8 @@ func (n *Node) startRaft() error {
 	})
 
 	var err error
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.Dir, raftFile), NoSync: n.cfg.Engine.NoSync})
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.Dir, raftFile), NoSync: n.cfg.Engine.NoSync,
+		BoltOptions: &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType}})
 	if err != nil {
 		return fmt.Errorf("cluster: raft log: %w", err)
 	}
