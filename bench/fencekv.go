@@ -61,10 +61,12 @@ type Commits struct {
 	PerTx    float64 `json:"commands_per_commit"`
 }
 
-// CountCommits reads the counters of the fencekv server at addr and returns
-// a func that reads them again and reports the difference. Status reads
-// are not commands, so they do not count themselves.
+// CountCommits reads the counters of the fencekv server at addr (the first
+// of a list) and returns a func that reads them again and reports the
+// difference. Status reads are not commands, so they do not count
+// themselves.
 func CountCommits(ctx context.Context, addr string) (func(context.Context) (Commits, error), error) {
+	addr, _, _ = strings.Cut(addr, ",")
 	status := func(ctx context.Context) (fencekv.Status, error) {
 		c, err := wire.Dial(ctx, addr)
 		if err != nil {
