@@ -38,10 +38,12 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime $(FUZZTIME) .
 
 # `fencekv verify` with 100 real SIGSTOP pause rounds against a fresh
-# `fencekv serve`, then the long runs of the suites that test a real server
-# process under kill -9: linearizability checked with porcupine, and the
-# crash loop (verify/). About five minutes; plain `go test ./verify` runs
-# short versions of all three in seconds.
+# `fencekv serve`, then the long runs of the suites that test real server
+# processes under faults: linearizability checked with porcupine against one
+# server under kill -9 and against a 3-node cluster under 56 faults (kill -9,
+# SIGSTOP, partitions through fault proxies), and the crash loop (verify/).
+# About fifteen minutes; plain `go test ./verify` runs short versions of all
+# of them in about a minute.
 # FENCEKV_VERIFY_SEED replays a run's random choices; FENCEKV_VERIFY_ARTIFACTS
 # is where a failure leaves its history and visualization.
 .PHONY: verify
