@@ -207,6 +207,39 @@ func (n *Node) propose(ctx context.Context, c fencekv.Command) (fencekv.Result, 
 	return n.apply(c)
 }
 
+// release proposes a release (c) on the leader. If callers are queued for
+// the lock, the first one's acquire goes into the same entry right after
+// it, so that the lock is handed over in the round that frees it rather
+// than in one more (the FIFO hand-off of a single node, in one
+// transaction). If the release is refused and the lock stays taken, the
+// waiter goes back to the head of its queue.
+func (n *Node) release(ctx context.Context, c fencekv.Command) (fencekv.Result, error) {
+	term, err := n.awaitReady(ctx)
+	if err != nil {
+		return fencekv.Result{}, err
+	}
+	c.Now, c.Term = n.now(), term
+	var w *fencekv.Waiter
+	if n.m.Waiting(c.Lease.Name) > 0 {
+		w = n.m.Pop(c.Lease.Name)
+	}
+	if w == nil {
+		return n.apply(c)
+	}
+	rs, err := n.props.applyGroup(c, fencekv.Command{Op: fencekv.OpAcquire, Now: c.Now, Term: term, Lease: w.Req})
+	switch {
+	case err != nil:
+		w.Finish(fencekv.Grant{}, err)
+		return fencekv.Result{}, err
+	case errors.Is(rs[1].Err, fencekv.ErrLockHeld):
+		n.m.Requeue(w)
+		n.kick(c.Lease.Name) // freed meanwhile, while w was out of its queue: the hand-off loop looks
+	default:
+		w.Finish(rs[1].Grant, rs[1].Err)
+	}
+	return rs[0], nil
+}
+
 // expiryLoop proposes an expire command for each lock whose lease or
 // lock-delay is due by this leader's clock.
 func (n *Node) expiryLoop(ctx context.Context, term uint64) {

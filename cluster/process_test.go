@@ -496,3 +496,62 @@ func TestRestartedNodesAgree(t *testing.T) {
 	}
 	t.Logf("%d increments acknowledged, %d failed", acked.Load(), failed.Load())
 }
+
+// TestHandOffOnRelease: callers queued for a lock get it first come, first
+// served, each in the round that releases it (the release and the next
+// waiter's acquire share a raft entry), with rising tokens, whichever node
+// they wait through.
+func TestHandOffOnRelease(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, time.Minute)
+	leader := c.Leader(t)
+	nodes := append([]*clustertest.Node{leader}, c.Others(leader)...)
+	holder := c.Dial(t, leader)
+	first, err := holder.Acquire(ctx, "handoff", 30*time.Second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	type grant struct {
+		who   int
+		token fencekv.Token
+		err   error
+	}
+	grants := make(chan grant, 4)
+	for i := range 4 {
+		cl := c.Dial(t, nodes[i%len(nodes)])
+		go func() {
+			l, err := cl.Acquire(ctx, "handoff", 30*time.Second, &fencekv.AcquireOptions{Wait: 30 * time.Second, Holder: strconv.Itoa(i)})
+			if err == nil {
+				err = cl.Release(ctx, "handoff", l.Token)
+			}
+			grants <- grant{i, l.Token, err}
+		}()
+		// The next one queues only once this one waits.
+		eventually(t, "waiter queued", 10*time.Second, func() error {
+			in, err := holder.LockInfo(ctx, "handoff")
+			if err == nil && in.Waiters != i+1 {
+				err = fmt.Errorf("%d waiters", in.Waiters)
+			}
+			return err
+		})
+	}
+	if err := holder.Release(ctx, "handoff", first.Token); err != nil {
+		t.Fatal(err)
+	}
+	// FIFO: waiter i got the i-th token after the first holder's.
+	got := make([]fencekv.Token, 4)
+	for range 4 {
+		g := <-grants
+		if g.err != nil {
+			t.Fatalf("waiter %d: %v", g.who, g.err)
+		}
+		got[g.who] = g.token
+	}
+	prev := first.Token
+	for _, tok := range got {
+		if tok <= prev {
+			t.Fatalf("tokens of the waiters in the order they queued: %v after %d; want rising", got, first.Token)
+		}
+		prev = tok
+	}
+}

@@ -26,9 +26,12 @@ const proposeDepth = 4
 // command larger than that goes alone).
 const maxEntryBytes = 1 << 20
 
+// proposal is a command, or a group of commands that must apply one
+// right after the other in one entry (a release and the hand-off of the
+// lock it frees).
 type proposal struct {
-	c    fencekv.Command
-	res  fencekv.Result
+	cmds []fencekv.Command
+	res  []fencekv.Result
 	err  error
 	done chan struct{}
 }
@@ -51,7 +54,17 @@ func newProposer(n *Node) *proposer {
 // result. An error that is not a *fencekv.Error's refusal says whether
 // the command may have been applied.
 func (p *proposer) apply(c fencekv.Command) (fencekv.Result, error) {
-	pr := &proposal{c: c, done: make(chan struct{})}
+	res, err := p.applyGroup(c)
+	if err != nil {
+		return fencekv.Result{}, err
+	}
+	return res[0], nil
+}
+
+// applyGroup proposes cmds in one entry, one right after the other, and
+// waits for their results.
+func (p *proposer) applyGroup(cmds ...fencekv.Command) ([]fencekv.Result, error) {
+	pr := &proposal{cmds: cmds, done: make(chan struct{})}
 	p.mu.Lock()
 	p.queue = append(p.queue, pr)
 	p.mu.Unlock()
@@ -86,9 +99,9 @@ func (p *proposer) run() {
 				<-p.slots
 				break
 			}
-			cmds := make([]fencekv.Command, len(batch))
-			for i, pr := range batch {
-				cmds[i] = pr.c
+			var cmds []fencekv.Command
+			for _, pr := range batch {
+				cmds = append(cmds, pr.cmds...)
 			}
 			f := p.n.raft.Apply(fencekv.EncodeBatch(cmds), p.n.cfg.HoldTimeout)
 			p.n.wg.Add(1) // safe: this goroutine holds a count
@@ -106,13 +119,17 @@ func (p *proposer) run() {
 func (p *proposer) take() []*proposal {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	n, size := 0, 0
-	for n < len(p.queue) && n < p.n.opts.MaxBatch {
-		s := len(p.queue[n].c.Key) + len(p.queue[n].c.Value)
-		if n > 0 && size+s > maxEntryBytes {
+	n, cmds, size := 0, 0, 0
+	for n < len(p.queue) {
+		s := 0
+		for _, c := range p.queue[n].cmds {
+			s += len(c.Key) + len(c.Value)
+		}
+		if n > 0 && (size+s > maxEntryBytes || cmds+len(p.queue[n].cmds) > p.n.opts.MaxBatch) {
 			break
 		}
 		size += s
+		cmds += len(p.queue[n].cmds)
 		n++
 	}
 	batch := p.queue[:n:n]
@@ -149,12 +166,16 @@ func finish(f raft.ApplyFuture, batch []*proposal) {
 				Message: "outcome unknown: " + err.Error()}
 		}
 	} else {
+		n := 0
+		for _, pr := range batch {
+			n += len(pr.cmds)
+		}
 		switch r := f.Response().(type) {
 		case []fencekv.Result:
-			if len(r) == len(batch) {
+			if len(r) == n {
 				res = r
 			} else {
-				err = &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("%d results for %d commands", len(r), len(batch))}
+				err = &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("%d results for %d commands", len(r), n)}
 			}
 		case error:
 			err = &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown, Message: r.Error()}
@@ -162,11 +183,11 @@ func finish(f raft.ApplyFuture, batch []*proposal) {
 			err = &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("unexpected raft response %T", f.Response())}
 		}
 	}
-	for i, pr := range batch {
+	for _, pr := range batch {
 		if err != nil {
 			pr.err = err
 		} else {
-			pr.res = res[i]
+			pr.res, res = res[:len(pr.cmds):len(pr.cmds)], res[len(pr.cmds):]
 		}
 		close(pr.done)
 	}
