@@ -57,7 +57,8 @@ type failoverResult struct {
 	Error   string          `json:"error,omitempty"`
 	Median  time.Duration   `json:"median_ns"`
 	Max     time.Duration   `json:"max_ns"`
-	Errors  []int           `json:"errors_per_failover"`
+	Errors  []int           `json:"errors_per_failover"`  // failed requests
+	Redials []int           `json:"redials_per_failover"` // failed reconnects
 	Timings []time.Duration `json:"-"`
 }
 
@@ -65,7 +66,8 @@ type failoverResult struct {
 type failoverKill struct {
 	Leader   string        `json:"leader"`
 	Recovery time.Duration `json:"recovery_ns"` // kill to the first write acknowledged after it
-	Errors   int           `json:"errors"`      // errors clients saw from the kill to the next steady state
+	Errors   int           `json:"errors"`      // requests that failed, from the kill to the next steady state
+	Redials  int           `json:"redials"`     // reconnects that failed (to the dead node), in the same time
 }
 
 type clusterReport struct {
@@ -78,7 +80,7 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 	fs.SetOutput(stderr)
 	var o clusterOptions
 	clients := fs.String("clients", "1,16,64", "client counts, comma-separated (contended skips 1)")
-	workloads := fs.String("workloads", "fenced-put,lock-cycle,contended,get", "workloads, comma-separated")
+	workloads := fs.String("workloads", "fenced-put,lock-cycle,contended,get", "workloads, comma-separated (none: only the failover measurement)")
 	out := fs.String("out", "", "write the markdown section to this file (default stdout)")
 	jsonOut := fs.String("json", "", "also write every result as JSON to this file")
 	fs.StringVar(&o.fencekvBin, "fencekv-bin", "", "the fencekv `BINARY`; empty skips fencekv")
@@ -98,9 +100,11 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "benchpeers cluster: --clients: %v\n", err)
 		return 2
 	}
-	if o.workloads, err = parseWorkloads(*workloads); err != nil {
-		fmt.Fprintf(stderr, "benchpeers cluster: --workloads: %v\n", err)
-		return 2
+	if *workloads != "none" { // none: the failover measurement only
+		if o.workloads, err = parseWorkloads(*workloads); err != nil {
+			fmt.Fprintf(stderr, "benchpeers cluster: --workloads: %v\n", err)
+			return 2
+		}
 	}
 	if o.fencekvBin == "" && o.etcdBin == "" {
 		fmt.Fprintln(stderr, "benchpeers cluster: give --fencekv-bin, --etcd-bin or both")
@@ -518,7 +522,8 @@ func measureFailover(ctx context.Context, c *testCluster, kills, clients int, lo
 		mu      sync.Mutex
 		lastAck time.Time // the latest acknowledgement
 		acks    []time.Time
-		errs    []time.Time
+		errs    int // failed requests
+		redials int // failed reconnects
 	)
 	lctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -536,7 +541,7 @@ func measureFailover(ctx context.Context, c *testCluster, kills, clients int, lo
 					if err != nil {
 						d = nil
 						mu.Lock()
-						errs = append(errs, time.Now())
+						redials++
 						mu.Unlock()
 						time.Sleep(50 * time.Millisecond) // the node is down: next
 						continue
@@ -551,7 +556,7 @@ func measureFailover(ctx context.Context, c *testCluster, kills, clients int, lo
 					acks = append(acks, now)
 					lastAck = now
 				} else if lctx.Err() == nil {
-					errs = append(errs, now)
+					errs++
 				}
 				mu.Unlock()
 				if err != nil {
@@ -587,7 +592,7 @@ func measureFailover(ctx context.Context, c *testCluster, kills, clients int, lo
 		}
 		leader := c.nodes[li]
 		mu.Lock()
-		nerrs := len(errs)
+		nerrs, nredials := errs, redials
 		mu.Unlock()
 		killed := time.Now()
 		leader.kill()
@@ -620,18 +625,18 @@ func measureFailover(ctx context.Context, c *testCluster, kills, clients int, lo
 			return fail(err)
 		}
 		mu.Lock()
-		e := len(errs) - nerrs
+		kr := failoverKill{Leader: leader.name, Recovery: recovered.Sub(killed), Errors: errs - nerrs, Redials: redials - nredials}
 		acks = acks[:0]
 		mu.Unlock()
-		kr := failoverKill{Leader: leader.name, Recovery: recovered.Sub(killed), Errors: e}
 		fr.Kills = append(fr.Kills, kr)
-		fmt.Fprintf(log, "failover %s #%d: killed leader %s; first write acknowledged %s later; %d client errors\n",
-			c.system, k+1, leader.name, ms(kr.Recovery), kr.Errors)
+		fmt.Fprintf(log, "failover %s #%d: killed leader %s; first write acknowledged %s later; %d requests failed, %d reconnects failed\n",
+			c.system, k+1, leader.name, ms(kr.Recovery), kr.Errors, kr.Redials)
 	}
 	var ds []time.Duration
 	for _, k := range fr.Kills {
 		ds = append(ds, k.Recovery)
 		fr.Errors = append(fr.Errors, k.Errors)
+		fr.Redials = append(fr.Redials, k.Redials)
 	}
 	slices.Sort(ds)
 	if len(ds) > 0 {
@@ -722,19 +727,20 @@ func (r *clusterReport) clusterMarkdown() string {
 	}
 
 	p("## Failover\n\n")
-	p("Under write load (%s clients spread over the nodes, each putting to its own key with a token, reconnecting to the next node after any error), the leader is killed with SIGKILL; the time is from the kill to the first write any client has acknowledged after it (ignoring acknowledgements within 20 ms of the kill, which the old leader may have committed); errors are every error a client saw from the kill until the killed node was back and the cluster whole again. Then the next kill.\n\n", failoverClients(r.Failover))
-	p("| system | kills | kill → first acknowledged write, median | max | each | client errors per failover |\n| --- | ---: | ---: | ---: | --- | --- |\n")
+	p("Under write load (%s clients spread over the nodes, each putting to its own key with a token, reconnecting to the next node after any error), the leader is killed with SIGKILL; the time is from the kill to the first write any client has acknowledged after it (ignoring acknowledgements within 20 ms of the kill, which the old leader may have committed); client-visible errors are the requests that failed from the kill until the killed node was back and the cluster whole again (the clients on the dead node's connections, and any request the cluster answered with an error); failed reconnects (a client trying the dead node again before moving on) are counted apart. Then the next kill.\n\n", failoverClients(r.Failover))
+	p("| system | kills | kill → first acknowledged write, median | max | each | failed requests per failover | failed reconnects |\n| --- | ---: | ---: | ---: | --- | --- | --- |\n")
 	for _, f := range r.Failover {
-		var each, errs []string
+		var each, errs, redials []string
 		for _, k := range f.Kills {
 			each = append(each, ms(k.Recovery))
 			errs = append(errs, strconv.Itoa(k.Errors))
+			redials = append(redials, strconv.Itoa(k.Redials))
 		}
 		note := ""
 		if f.Error != "" {
 			note = " (stopped: " + f.Error + ")"
 		}
-		p("| %s | %d%s | %s | %s | %s | %s |\n", f.System, len(f.Kills), note, ms(f.Median), ms(f.Max), strings.Join(each, ", "), strings.Join(errs, ", "))
+		p("| %s | %d%s | %s | %s | %s | %s | %s |\n", f.System, len(f.Kills), note, ms(f.Median), ms(f.Max), strings.Join(each, ", "), strings.Join(errs, ", "), strings.Join(redials, ", "))
 	}
 	p("\n")
 
