@@ -43,16 +43,28 @@ fuzz:
 	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime $(FUZZTIME) .
 
 # `fencekv verify` with 100 real SIGSTOP pause rounds against a fresh
-# `fencekv serve`, then the long runs of the suites that test a real server
-# process under kill -9: linearizability checked with porcupine, and the
-# crash loop (verify/). About five minutes; plain `go test ./verify` runs
-# short versions of all three in seconds.
+# `fencekv serve`, then the long runs of the suites that test real server
+# processes under faults: linearizability checked with porcupine against one
+# server under kill -9 and against a 3-node cluster under 56 faults (kill -9,
+# SIGSTOP, partitions through fault proxies), and the crash loop (verify/).
+# About fifteen minutes; plain `go test ./verify` runs short versions of all
+# of them in about a minute.
 # FENCEKV_VERIFY_SEED replays a run's random choices; FENCEKV_VERIFY_ARTIFACTS
 # is where a failure leaves its history and visualization.
 .PHONY: verify
 verify: build
 	bash verify/live.sh ./$(BIN) --rounds 100 --ttl 500ms --clients 4 --updates 400
 	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash' -count=1 -v -timeout 30m ./verify
+
+# `fencekv verify` against a 3-node cluster (every node's address, --addr
+# a,b,c) while the leader is killed with -9 and restarted, and paused with
+# SIGSTOP and continued, over and over (verify/verify_test.go starts the
+# nodes on free loopback ports and temp dirs and stops them by PID). It must
+# accept no stale write. A few minutes.
+.PHONY: verify-cluster
+verify-cluster:
+	FENCEKV_VERIFY_CLUSTER=1 FENCEKV_VERIFY_FLAGS="--rounds 40 --ttl 1s --clients 4 --updates 300" \
+		$(GO) test -run '^TestVerifyCLICluster$$' -count=1 -v -timeout 20m ./verify
 
 clean:
 	rm -rf bin $(DATA) ./fencekv-cluster-data

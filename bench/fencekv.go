@@ -2,6 +2,8 @@ package bench
 
 import (
 	"context"
+	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -10,13 +12,18 @@ import (
 
 // DialFencekv returns a Dialer of fencekv servers at addr (host:port): each
 // Driver is a wire.Client of its own. Acquire with a wait queues on the
-// server (first come, first served); Put is a put with the token.
+// server (first come, first served); Put is a put with the token. addr
+// may list a cluster's nodes, comma-separated: the Drivers are spread
+// over them, one after another.
 func DialFencekv(addr string) Dialer { return DialFencekvWith(addr, nil) }
 
 // DialFencekvWith is DialFencekv with o's TLS and credentials.
 func DialFencekvWith(addr string, o *wire.DialOptions) Dialer {
+	addrs := strings.Split(addr, ",")
+	var next atomic.Uint64
 	return func(ctx context.Context) (Driver, error) {
-		c, err := wire.DialWith(ctx, addr, o)
+		a := strings.TrimSpace(addrs[(next.Add(1)-1)%uint64(len(addrs))])
+		c, err := wire.DialWith(ctx, a, o)
 		if err != nil {
 			return nil, err
 		}
@@ -57,9 +64,10 @@ type Commits struct {
 	PerTx    float64 `json:"commands_per_commit"`
 }
 
-// CountCommits reads the counters of the fencekv server at addr and returns
-// a func that reads them again and reports the difference. Status reads
-// are not commands, so they do not count themselves.
+// CountCommits reads the counters of the fencekv server at addr (the first
+// of a list) and returns a func that reads them again and reports the
+// difference. Status reads are not commands, so they do not count
+// themselves.
 func CountCommits(ctx context.Context, addr string) (func(context.Context) (Commits, error), error) {
 	return CountCommitsWith(ctx, addr, nil)
 }
@@ -67,6 +75,7 @@ func CountCommits(ctx context.Context, addr string) (func(context.Context) (Comm
 // CountCommitsWith is CountCommits with o's TLS and credentials (status
 // needs the admin right on a server with an auth file).
 func CountCommitsWith(ctx context.Context, addr string, o *wire.DialOptions) (func(context.Context) (Commits, error), error) {
+	addr, _, _ = strings.Cut(addr, ",")
 	status := func(ctx context.Context) (fencekv.Status, error) {
 		c, err := wire.DialWith(ctx, addr, o)
 		if err != nil {

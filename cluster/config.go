@@ -35,8 +35,12 @@ type Config struct {
 	Name       string // the node's name, unique in the cluster; kept in its data dir
 	Dir        string // data dir
 	ClientAddr string // the address clients (and other nodes, forwarding) reach this node on
-	RaftAddr   string // replication: listen and advertise
-	GossipAddr string // membership (TCP and UDP): listen and advertise
+	RaftAddr   string // replication: listen (and advertise, unless RaftAdvertise is set)
+	// RaftAdvertise is the replication address the other nodes dial, if
+	// not RaftAddr: a host:port that reaches RaftAddr (through NAT, or a
+	// proxy in front of the node, as the fault-injection tests use).
+	RaftAdvertise string
+	GossipAddr    string // membership (TCP and UDP): listen and advertise
 
 	// Join lists gossip addresses of running members; they are tried
 	// until one answers.
@@ -113,5 +117,30 @@ func (c *Config) validate() error {
 			return fmt.Errorf("cluster: %s address %q: %w", name, addr, err)
 		}
 	}
+	if c.RaftAdvertise != "" {
+		if err := checkAdvertise(c.RaftAdvertise); err != nil {
+			return err
+		}
+	}
 	return nil
+}
+
+// checkAdvertise refuses an advertised address other nodes cannot dial.
+func checkAdvertise(addr string) error {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("cluster: raft advertise address %q: %w", addr, err)
+	}
+	if ip := net.ParseIP(host); ip == nil || ip.IsUnspecified() {
+		return fmt.Errorf("cluster: raft advertise address %q: want an IP address other nodes can dial", addr)
+	}
+	return nil
+}
+
+// raftAdvertise is the replication address the other nodes dial.
+func (c *Config) raftAdvertise() string {
+	if c.RaftAdvertise != "" {
+		return c.RaftAdvertise
+	}
+	return c.RaftAddr
 }

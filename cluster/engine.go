@@ -305,7 +305,7 @@ func (n *Node) Release(ctx context.Context, name string, token fencekv.Token) er
 	}
 	c := fencekv.Command{Op: fencekv.OpRelease, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
 	_, err := route(ctx, n, true, func() (struct{}, error) {
-		r, err := n.propose(ctx, c)
+		r, err := n.release(ctx, c)
 		if err == nil {
 			err = r.Err
 		}

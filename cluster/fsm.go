@@ -77,7 +77,12 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		}
 		out[i] = f.applyEntry(l)
 	}
-	f.m.Publish(last)
+	if last > f.m.Applied() {
+		// Not for a batch replayed after a restart that the data file
+		// already holds: Publish would move Applied back, and the entries
+		// between would be applied a second time.
+		f.m.Publish(last)
+	}
 	f.sinceCkpt += len(logs)
 	if f.sinceCkpt >= checkpointEntries || time.Since(f.lastCkpt) >= checkpointEvery {
 		if err := f.m.Checkpoint(); err != nil {

@@ -205,38 +205,14 @@ func (n *Node) leaderClientAddr() (string, bool) {
 	return m.Client, true
 }
 
-// apply stamps c with this leader's time and the given term, proposes it,
-// and waits for its result. Stamping and handing the entry to raft happen
-// under one lock, so entries reach the log in the order of their times:
-// within a leader's term, time never goes back from one command to the
-// next (a renew is never judged at a time before an expiry ahead of it).
-// An error that is not a refusal says whether the command may have been
+// apply proposes one command with the given term and waits for its
+// result, in an entry shared with the commands proposed at the same time
+// (propose.go), which stamps the entry's time. An error that is not a
+// *fencekv.Error's refusal says whether the command may have been
 // applied.
 func (n *Node) apply(c fencekv.Command, term uint64) (fencekv.Result, error) {
-	n.pmu.Lock()
-	c.Now, c.Term = n.now(), term
-	f := n.raft.Apply(fencekv.EncodeBatch([]fencekv.Command{c}), n.cfg.HoldTimeout)
-	n.pmu.Unlock()
-	if err := f.Error(); err != nil {
-		switch {
-		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
-			return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "not applied: " + err.Error()}
-		default:
-			// Lost leadership after the entry was appended, or shut
-			// down: it may yet commit.
-			return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown,
-				Message: "outcome unknown: " + err.Error()}
-		}
-	}
-	switch r := f.Response().(type) {
-	case []fencekv.Result:
-		if len(r) == 1 {
-			return r[0], nil
-		}
-	case error:
-		return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown, Message: r.Error()}
-	}
-	return fencekv.Result{}, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("unexpected raft response %T", f.Response())}
+	c.Term = term
+	return n.props.apply(c)
 }
 
 // propose runs c on the leader: here if this node is the ready leader
@@ -247,6 +223,39 @@ func (n *Node) propose(ctx context.Context, c fencekv.Command) (fencekv.Result, 
 		return fencekv.Result{}, err
 	}
 	return n.apply(c, term)
+}
+
+// release proposes a release (c) on the leader. If callers are queued for
+// the lock, the first one's acquire goes into the same entry right after
+// it, so that the lock is handed over in the round that frees it rather
+// than in one more (the FIFO hand-off of a single node, in one
+// transaction). If the release is refused and the lock stays taken, the
+// waiter goes back to the head of its queue.
+func (n *Node) release(ctx context.Context, c fencekv.Command) (fencekv.Result, error) {
+	term, err := n.awaitReady(ctx)
+	if err != nil {
+		return fencekv.Result{}, err
+	}
+	c.Now, c.Term = n.now(), term
+	var w *fencekv.Waiter
+	if n.m.Waiting(c.Lease.Name) > 0 {
+		w = n.m.Pop(c.Lease.Name)
+	}
+	if w == nil {
+		return n.apply(c, term)
+	}
+	rs, err := n.props.applyGroup(c, fencekv.Command{Op: fencekv.OpAcquire, Now: c.Now, Term: term, Lease: w.Req})
+	switch {
+	case err != nil:
+		w.Finish(fencekv.Grant{}, err)
+		return fencekv.Result{}, err
+	case errors.Is(rs[1].Err, fencekv.ErrLockHeld):
+		n.m.Requeue(w)
+		n.kick(c.Lease.Name) // freed meanwhile, while w was out of its queue: the hand-off loop looks
+	default:
+		w.Finish(rs[1].Grant, rs[1].Err)
+	}
+	return rs[0], nil
 }
 
 // expiryLoop proposes an expire command for each lock whose lease or

@@ -138,7 +138,7 @@ func (n *Node) startGossip() error {
 	}
 	n.mdel = &members{
 		n:    n,
-		self: nodeMeta{Client: n.cfg.ClientAddr, Raft: n.cfg.RaftAddr, Gossip: n.cfg.GossipAddr, State: hasState},
+		self: nodeMeta{Client: n.cfg.ClientAddr, Raft: n.cfg.raftAdvertise(), Gossip: n.cfg.GossipAddr, State: hasState},
 		all:  map[string]nodeMeta{},
 		gone: map[string]goneNode{},
 		kick: make(chan struct{}, 1),

@@ -20,6 +20,7 @@ import (
 	"github.com/hashicorp/memberlist"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
+	"go.etcd.io/bbolt"
 )
 
 // Files of a node's data dir, beside the engine's data file.
@@ -28,6 +29,7 @@ const (
 	raftFile      = "raft.db"   // raft's log and its term and vote (raft-boltdb)
 	snapshotsDir  = "snapshots" // raft's snapshots of the data file
 	keepSnapshots = 2
+	logCacheSize  = 1024 // raft entries kept in memory (raft.LogCache)
 )
 
 // Node is one member of a cluster. It serves the same methods as a
@@ -50,7 +52,6 @@ type Node struct {
 	ml    *memberlist.Memberlist
 	mdel  *members
 
-	pmu sync.Mutex // orders stamping a command's time with handing it to raft (see apply)
 
 	mu     sync.Mutex    // guards ready, term, change
 	ready  bool          // this node leads, and its rearm has been applied
@@ -69,6 +70,7 @@ type Node struct {
 
 	reads    verifier
 	fwd      forwarder
+	props    *proposer
 	refusals *fencekv.RefusalLog
 
 	stop chan struct{} // closed by Close
@@ -137,6 +139,10 @@ func Open(cfg Config) (n *Node, err error) {
 
 	n.reads.n = n
 	n.fwd.n = n
+	n.props = newProposer(n)
+	n.wg.Add(1)
+	go n.props.run()
+	closers = append(closers, closerFunc(func() error { close(n.stop); return nil }))
 	if err := n.startGossip(); err != nil {
 		return nil, err
 	}
@@ -194,7 +200,8 @@ func (n *Node) startRaft() error {
 	})
 
 	var err error
-	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.Dir, raftFile), NoSync: n.cfg.Engine.NoSync})
+	n.store, err = raftboltdb.New(raftboltdb.Options{Path: filepath.Join(n.cfg.Dir, raftFile), NoSync: n.cfg.Engine.NoSync,
+		BoltOptions: &bbolt.Options{Timeout: time.Second, NoFreelistSync: true, FreelistType: bbolt.FreelistMapType}})
 	if err != nil {
 		return fmt.Errorf("cluster: raft log: %w", err)
 	}
@@ -203,7 +210,7 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft snapshots: %w", err)
 	}
-	addr, err := net.ResolveTCPAddr("tcp", n.cfg.RaftAddr)
+	addr, err := net.ResolveTCPAddr("tcp", n.cfg.raftAdvertise())
 	if err != nil {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft address: %w", err)
@@ -222,7 +229,16 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft transport: %w", err)
 	}
-	n.raft, err = raft.NewRaft(rc, n.fsm, n.store, n.store, snaps, n.trans)
+	// Keep the newest entries in memory: the leader reads each entry it
+	// sends to followers and the FSM each entry it applies, and would
+	// otherwise read them back from bbolt.
+	logs, err := raft.NewLogCache(logCacheSize, n.store)
+	if err != nil {
+		n.trans.Close()
+		n.store.Close()
+		return fmt.Errorf("cluster: raft log cache: %w", err)
+	}
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
 		n.store.Close()

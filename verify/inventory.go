@@ -30,8 +30,9 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 	lock := rep.Prefix + "inventory"
 	keys := [2]string{rep.Prefix + "incr-counter", rep.Prefix + "put-counter"}
 	var (
-		mu        sync.Mutex // guards rep's inventory fields and acked
+		mu        sync.Mutex // guards rep's inventory fields, acked and unknown
 		acked     [2]int64
+		unknown   [2]int64 // updates whose outcome is unknown (a failover)
 		firstErr  error
 		remaining atomic.Int64
 		granted   atomic.Uint64    // highest token granted so far
@@ -43,7 +44,7 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
-			c, err := wire.DialWith(ctx, cfg.Addr, cfg.Dial)
+			c, err := newConn(cfg.Addr, cfg.Dial)
 			if err != nil {
 				mu.Lock()
 				firstErr = cmpErr(firstErr, err)
@@ -64,6 +65,10 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 					rep.Acked++
 					acked[r.counter]++
 				}
+				if r.unknown {
+					rep.Unknown++
+					unknown[r.counter]++
+				}
 				if r.late {
 					rep.LateAttempted++
 					if !r.acked {
@@ -82,14 +87,18 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 	if firstErr != nil {
 		return firstErr
 	}
-	c, err := wire.DialWith(ctx, cfg.Addr, cfg.Dial)
+	c, err := newConn(cfg.Addr, cfg.Dial)
 	if err != nil {
 		return err
 	}
 	defer c.Close()
 	for i, k := range keys {
-		e, err := c.Get(ctx, []byte(k))
-		if err != nil {
+		var e fencekv.Entry
+		if err := c.call(ctx, func(cl *wire.Client) error {
+			var err error
+			e, err = cl.Get(ctx, []byte(k))
+			return err
+		}); err != nil {
 			return err
 		}
 		var n int64
@@ -100,8 +109,11 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 		}
 		rep.Counter += n
 		rep.Total += acked[i]
-		if n != acked[i] {
+		switch {
+		case unknown[i] == 0 && n != acked[i]:
 			rep.violate("inventory: counter %s is %d but %d updates were acknowledged", k, n, acked[i])
+		case n < acked[i] || n > acked[i]+unknown[i]:
+			rep.violate("inventory: counter %s is %d but %d updates were acknowledged and %d had an unknown outcome", k, n, acked[i], unknown[i])
 		}
 	}
 	return cleanup(ctx, c, lock, cfg.TTL, keys[0], keys[1])
@@ -118,16 +130,20 @@ type updated struct {
 	counter   int           // which counter
 	token     fencekv.Token // the writer's token
 	acked     bool          // the update was acknowledged
+	unknown   bool          // a failover left the update's outcome unknown
 	late      bool          // sent after the lease ran out or a newer token was granted
 	overtaken bool          // a newer token had written the counter before this write was sent
 	by        fencekv.Token // that newer token
 }
 
-// update makes one lock-protected update.
-func update(ctx context.Context, cfg Config, c *wire.Client, lock string, keys [2]string,
+// update makes one lock-protected update. Through a failover it retries
+// what it may: the acquire (taking a grant its holder name shows it got),
+// reads, the held put (the same value again), the release; an incr whose
+// outcome is unknown is not retried, and counts as unknown.
+func update(ctx context.Context, cfg Config, c *conn, lock string, keys [2]string,
 	granted *atomic.Uint64, written *[2]atomic.Uint64) (u updated, err error) {
 	sent := time.Now()
-	l, err := c.Acquire(ctx, lock, cfg.TTL, &fencekv.AcquireOptions{Wait: 20*cfg.TTL + 10*time.Second, Holder: "fencekv verify inventory"})
+	l, err := c.acquire(ctx, lock, cfg.TTL, fencekv.AcquireOptions{Wait: 20*cfg.TTL + 10*time.Second, Holder: "fencekv verify inventory " + randomID()})
 	if err != nil {
 		return u, fmt.Errorf("inventory acquire: %w", err)
 	}
@@ -135,8 +151,12 @@ func update(ctx context.Context, cfg Config, c *wire.Client, lock string, keys [
 	raise(granted, uint64(l.Token))
 	u.counter = rand.IntN(2)
 	key := []byte(keys[u.counter])
-	e, err := c.Get(ctx, key)
-	if err != nil {
+	var e fencekv.Entry
+	if err := c.call(ctx, func(cl *wire.Client) error {
+		var err error
+		e, err = cl.Get(ctx, key)
+		return err
+	}); err != nil {
 		return u, err
 	}
 	// The pause: mostly short, a fifth of the time past the lease.
@@ -157,8 +177,12 @@ func update(ctx context.Context, cfg Config, c *wire.Client, lock string, keys [
 	if w := written[u.counter].Load(); w > uint64(l.Token) {
 		u.overtaken, u.by = true, fencekv.Token(w)
 	}
+	var unknown bool
 	if u.counter == 0 {
-		_, _, err = c.Incr(ctx, key, 1, fencekv.WriteOptions{Token: l.Token})
+		unknown, err = c.do(ctx, true, func(cl *wire.Client) error {
+			_, _, err := cl.Incr(ctx, key, 1, fencekv.WriteOptions{Token: l.Token})
+			return err
+		})
 	} else {
 		var n int64
 		if e.Found {
@@ -166,13 +190,20 @@ func update(ctx context.Context, cfg Config, c *wire.Client, lock string, keys [
 				return u, fmt.Errorf("counter holds %q", e.Value)
 			}
 		}
-		_, err = c.Put(ctx, key, strconv.AppendInt(nil, n+1, 10), fencekv.WriteOptions{Token: l.Token, Lock: lock})
+		unknown, err = c.do(ctx, false, func(cl *wire.Client) error {
+			_, err := cl.Put(ctx, key, strconv.AppendInt(nil, n+1, 10), fencekv.WriteOptions{Token: l.Token, Lock: lock})
+			return err
+		})
 	}
 	var fe *fencekv.Error
 	switch {
 	case err == nil:
 		u.acked = true
 		raise(&written[u.counter], uint64(l.Token))
+	case unknown && (errors.As(err, &fe) || errors.Is(err, context.DeadlineExceeded) || u.counter == 0):
+		// The first attempt may have landed: the counter may or may not
+		// count it.
+		u.unknown = true
 	case errors.As(err, &fe) && (fe.Code == fencekv.CodeStaleToken || fe.Code == fencekv.CodeLeaseExpired || fe.Code == fencekv.CodeNotHolder):
 		if !newer && elapsed < cfg.TTL/2 {
 			return u, fmt.Errorf("a write %v into a %v lease (token %d) was refused: %w", elapsed, cfg.TTL, l.Token, err)
@@ -181,8 +212,8 @@ func update(ctx context.Context, cfg Config, c *wire.Client, lock string, keys [
 	default:
 		return u, err
 	}
-	if rerr := c.Release(ctx, lock, l.Token); rerr != nil && !errors.Is(rerr, fencekv.ErrNotHolder) && !errors.Is(rerr, fencekv.ErrLeaseExpired) {
-		return u, rerr
+	if err := release(ctx, c, lock, l.Token); err != nil && !errors.Is(err, fencekv.ErrNotHolder) && !errors.Is(err, fencekv.ErrLeaseExpired) {
+		return u, err
 	}
 	return u, nil
 }

@@ -27,6 +27,7 @@ package verify
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"hash/maphash"
@@ -513,19 +514,40 @@ func TestLinearizable(t *testing.T) {
 	runLinearizable(t, cfg)
 }
 
+// linTarget is what the clients of a run talk to: one server, or a
+// cluster.
+type linTarget interface {
+	// dial connects to a serving node (for a cluster, one chosen with
+	// rng), waiting for one until ctx ends.
+	dial(ctx context.Context, rng *rand.Rand) (*wire.Client, error)
+}
+
+// dial connects to the live incarnation.
+func (s *serverProc) dial(ctx context.Context, _ *rand.Rand) (*wire.Client, error) {
+	addr, err := s.Up(ctx)
+	if err != nil {
+		return nil, err
+	}
+	return wire.Dial(ctx, addr)
+}
+
 // linRun is one run of the linearizability test.
 type linRun struct {
 	t      *testing.T
-	srv    *serverProc
-	start  time.Time
-	ctx    context.Context // cancelled if the test fails early: clients stop waiting for a server
-	cancel context.CancelFunc
-	done   atomic.Bool // clients stop issuing operations
-	ops    *opCounter  // operations completed, for the kill schedule
+	target linTarget
+	// cluster: unavailable is an answer (a command not applied, or with
+	// Outcome unknown one whose outcome is unknown), not an odd refusal.
+	cluster bool
+	start   time.Time
+	ctx     context.Context // cancelled if the test fails early: clients stop waiting for a server
+	cancel  context.CancelFunc
+	done    atomic.Bool // clients stop issuing operations
+	ops     *opCounter  // operations completed, for the kill schedule
 
-	mu      sync.Mutex // guards history, odd
-	history []porcupine.Operation
-	odd     []string // answers that fit no refusal the workload can cause
+	mu         sync.Mutex // guards history, odd, notApplied
+	history    []porcupine.Operation
+	odd        []string // answers that fit no refusal the workload can cause
+	notApplied []string // operations answered unavailable (not applied): left out of the history
 }
 
 func (r *linRun) now() int64 { return int64(time.Since(r.start)) }
@@ -533,7 +555,7 @@ func (r *linRun) now() int64 { return int64(time.Since(r.start)) }
 func runLinearizable(t *testing.T, cfg linConfig) {
 	seed := testSeed(t)
 	srv := startServer(t, t.TempDir())
-	r := &linRun{t: t, srv: srv, start: time.Now(), ops: newOpCounter()}
+	r := &linRun{t: t, target: srv, start: time.Now(), ops: newOpCounter()}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
@@ -543,14 +565,7 @@ func runLinearizable(t *testing.T, cfg linConfig) {
 		r.cancel()
 		wg.Wait()
 	}()
-	for i := range cfg.clients {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			c := &linClient{run: r, id: i, rng: rand.New(rand.NewPCG(seed, uint64(i))), lastRev: map[string]uint64{}}
-			c.loop()
-		}()
-	}
+	r.startClients(&wg, cfg.clients, seed)
 	// The main goroutine owns the server: run, kill, restart.
 	rng := rand.New(rand.NewPCG(seed, math.MaxUint64))
 	var annotations []porcupine.Annotation
@@ -567,12 +582,38 @@ func runLinearizable(t *testing.T, cfg linConfig) {
 	}
 	r.done.Store(true)
 	wg.Wait()
-	// A last read of every key, on a fresh connection, pins down what the
-	// operations with unknown outcomes did.
-	final := &linClient{run: r, id: cfg.clients, rng: rand.New(rand.NewPCG(seed, 1<<32))}
+	history := r.finish(cfg.clients, seed)
+	r.checkGrants(history)
+	r.check(history, cfg, annotations)
+}
+
+// startClients starts n clients, each with its own random source.
+func (r *linRun) startClients(wg *sync.WaitGroup, n int, seed uint64) {
+	for i := range n {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			c := &linClient{run: r, id: i, rng: rand.New(rand.NewPCG(seed, uint64(i))), lastRev: map[string]uint64{}}
+			c.loop()
+		}()
+	}
+}
+
+// finish makes a last read of every key, on a fresh connection, which pins
+// down what the operations with unknown outcomes did, reports the odd
+// answers, and returns the history. The clients must have stopped.
+func (r *linRun) finish(clients int, seed uint64) []porcupine.Operation {
+	final := &linClient{run: r, id: clients, rng: rand.New(rand.NewPCG(seed, 1<<32))}
 	for p, part := range linParts {
 		for k := range part.keys {
-			final.do(context.Background(), linInput{Op: linGet, Part: p, Key: k})
+			in := linInput{Op: linGet, Part: p, Key: k}
+			// In a cluster a read may meet an election: read again until
+			// one is answered.
+			for range 20 {
+				if final.do(context.Background(), in) {
+					break
+				}
+			}
 		}
 	}
 	final.close()
@@ -581,10 +622,9 @@ func runLinearizable(t *testing.T, cfg linConfig) {
 	history, odd := r.history, r.odd
 	r.mu.Unlock()
 	for _, o := range odd {
-		t.Errorf("unexpected answer: %s", o)
+		r.t.Errorf("unexpected answer: %s", o)
 	}
-	r.checkGrants(history)
-	r.check(history, cfg, annotations)
+	return history
 }
 
 func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations []porcupine.Annotation) {
@@ -606,7 +646,7 @@ func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations
 	model := linModel()
 	began := time.Now()
 	res := porcupine.CheckOperationsTimeout(model, history, cfg.checkTime)
-	t.Logf("%d operations (%d with unknown outcome), %d kills, %d clients, %v of load; checked in %v: %s",
+	t.Logf("%d operations (%d with unknown outcome), %d faults, %d clients, %v of load; checked in %v: %s",
 		len(history), unknown, cfg.kills, cfg.clients, load.Round(time.Millisecond),
 		time.Since(began).Round(time.Millisecond), res)
 	t.Logf("outcomes: %v", counts)
@@ -660,6 +700,81 @@ func (r *linRun) dumpHistory(path string, history []porcupine.Operation) {
 	}
 	if err := os.WriteFile(path, []byte(b.String()), 0o644); err != nil {
 		r.t.Errorf("writing the history: %v", err)
+	}
+	// The same as JSON, for TestLinReplay.
+	ops := make([]linRecord, len(h))
+	for i, op := range h {
+		ops[i] = linRecord{op.ClientId, op.Input.(linInput), op.Output.(linOutput), op.Call, op.Return}
+	}
+	js, err := json.Marshal(ops)
+	if err == nil {
+		err = os.WriteFile(strings.TrimSuffix(path, ".txt")+".json", js, 0o644)
+	}
+	if err != nil {
+		r.t.Errorf("writing the history as JSON: %v", err)
+	}
+}
+
+// linRecord is an operation of a history as history.json keeps it.
+type linRecord struct {
+	Client       int
+	Input        linInput
+	Output       linOutput
+	Call, Return int64
+}
+
+// TestLinReplay checks a history that a failed run left as history.json
+// ($FENCEKV_VERIFY_REPLAY), and narrows an illegal partition down to the
+// shortest prefix (by call time) that porcupine finds illegal, written as
+// replay.html and replay.txt beside it.
+func TestLinReplay(t *testing.T) {
+	path := os.Getenv("FENCEKV_VERIFY_REPLAY")
+	if path == "" {
+		t.Skip("set FENCEKV_VERIFY_REPLAY to a history.json")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var recs []linRecord
+	if err := json.Unmarshal(b, &recs); err != nil {
+		t.Fatal(err)
+	}
+	var history []porcupine.Operation
+	for _, r := range recs {
+		history = append(history, porcupine.Operation{ClientId: r.Client, Input: r.Input, Output: r.Output, Call: r.Call, Return: r.Return})
+	}
+	model := linModel()
+	if res := porcupine.CheckOperationsTimeout(model, history, 5*time.Minute); res != porcupine.Illegal {
+		t.Logf("%d operations: %s", len(history), res)
+		return
+	}
+	for _, part := range model.Partition(history) {
+		if porcupine.CheckOperationsTimeout(model, part, time.Minute) != porcupine.Illegal {
+			continue
+		}
+		sort.Slice(part, func(i, j int) bool { return part[i].Call < part[j].Call })
+		lo, hi := 1, len(part) // part[:hi] is illegal
+		for lo < hi {
+			mid := (lo + hi) / 2
+			if porcupine.CheckOperationsTimeout(model, part[:mid], time.Minute) == porcupine.Illegal {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
+		}
+		short := part[:hi]
+		_, info := porcupine.CheckOperationsVerbose(model, short, time.Minute)
+		dir := filepath.Dir(path)
+		if err := porcupine.VisualizePath(model, info, filepath.Join(dir, "replay.html")); err != nil {
+			t.Error(err)
+		}
+		r := &linRun{t: t}
+		r.dumpHistory(filepath.Join(dir, "replay.txt"), short)
+		last := short[len(short)-1]
+		t.Fatalf("partition %s: illegal from its first %d operations; the last: client %d [%d, %d] %s (see replay.txt)",
+			linParts[last.Input.(linInput).Part].name, len(short), last.ClientId, last.Call, last.Return,
+			linDescribe(last.Input.(linInput), last.Output.(linOutput)))
 	}
 }
 
@@ -721,10 +836,8 @@ func (c *linClient) close() {
 func (c *linClient) connect(ctx context.Context) bool {
 	for c.c == nil {
 		ctx, cancel := context.WithTimeout(ctx, startTimeout)
-		addr, err := c.run.srv.Up(ctx)
-		if err == nil {
-			c.c, err = wire.Dial(ctx, addr)
-		}
+		var err error
+		c.c, err = c.run.target.dial(ctx, c.rng)
 		cancel()
 		if err != nil && c.run.done.Load() {
 			return false
@@ -847,10 +960,13 @@ func (c *linClient) write(p int) linInput {
 	return in
 }
 
-// do runs in against the server and records it.
-func (c *linClient) do(ctx context.Context, in linInput) {
+// do runs in against the server and records it. It reports whether it
+// got an answer: not if no server could be reached, if a cluster answered
+// unavailable (not applied; then nothing is recorded), or if the outcome
+// is unknown.
+func (c *linClient) do(ctx context.Context, in linInput) bool {
 	if !c.connect(ctx) {
-		return
+		return false
 	}
 	part := linParts[in.Part]
 	var key []byte
@@ -904,6 +1020,22 @@ func (c *linClient) do(ctx context.Context, in linInput) {
 	var fe *fencekv.Error
 	switch {
 	case err == nil:
+	case c.run.cluster && errors.As(err, &fe) && fe.Code == fencekv.CodeUnavailable && fe.Outcome != fencekv.OutcomeUnknown:
+		// Not applied: as if never sent. Its value appears in no other
+		// operation, so a read that saw it would fail the check. The node
+		// may be cut off: try another.
+		c.learn(in, linOutput{Unknown: true})
+		c.close()
+		c.run.mu.Lock()
+		c.run.notApplied = append(c.run.notApplied, fmt.Sprintf("client %d [%d, %d] %s: %s (%v)", c.id, in.Call, ret,
+			part.name, linDescribe(in, linOutput{Unknown: true}), err))
+		c.run.mu.Unlock()
+		c.run.ops.done()
+		return false
+	case c.run.cluster && errors.As(err, &fe) && fe.Code == fencekv.CodeUnavailable:
+		// Outcome unknown: applied or not, at any time after the call.
+		out, ret = linOutput{Unknown: true}, linInfinity
+		c.close()
 	case errors.As(err, &fe) && linExpected(in, fe.Code):
 		out = linOutput{Err: string(fe.Code)}
 		switch fe.Code {
@@ -936,6 +1068,7 @@ func (c *linClient) do(ctx context.Context, in linInput) {
 	c.run.history = append(c.run.history, porcupine.Operation{ClientId: c.id, Input: in, Call: in.Call, Output: out, Return: ret})
 	c.run.mu.Unlock()
 	c.run.ops.done()
+	return !out.Unknown
 }
 
 // linExpected reports whether code is a refusal the workload can cause for

@@ -22,7 +22,10 @@ import (
 //	verifier: go           (after SIGSTOP ... SIGCONT)
 //	client: ok | refused CODE
 //
-// so that the pause falls exactly between the grant and the write.
+// so that the pause falls exactly between the grant and the write. The
+// client retries through a failover until its write is answered; the
+// verifier then reads the key, so a write whose first attempt had an
+// unknown outcome is judged by what it did.
 
 // ClientMain is the paused client: it acquires a lock, reports its token,
 // waits for a line on stdin, then writes a key with its token (and, with
@@ -36,7 +39,7 @@ func ClientMain(args []string, stdin io.Reader, stdout io.Writer) int {
 func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.DialOptions) int {
 	fs := flag.NewFlagSet("verify-client", flag.ContinueOnError)
 	fs.SetOutput(stdout)
-	addr := fs.String("addr", "", "server address")
+	addr := fs.String("addr", "", "server address (or a cluster's nodes, comma-separated)")
 	lock := fs.String("lock", "", "lock to acquire")
 	key := fs.String("key", "", "key to write")
 	ttl := fs.Duration("ttl", time.Second, "lease length")
@@ -45,13 +48,13 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 		return 2
 	}
 	ctx := context.Background()
-	c, err := wire.DialWith(ctx, *addr, o)
+	c, err := newConn(*addr, o)
 	if err != nil {
 		fmt.Fprintf(stdout, "error %v\n", err)
 		return 1
 	}
 	defer c.Close()
-	l, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: "fencekv verify paused client"})
+	l, err := c.acquire(ctx, *lock, *ttl, fencekv.AcquireOptions{Holder: "fencekv verify paused client " + randomID()})
 	if err != nil {
 		fmt.Fprintf(stdout, "error %v\n", err)
 		return 1
@@ -65,7 +68,10 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 	if *held {
 		w.Lock = *lock
 	}
-	_, err = c.Put(ctx, []byte(*key), []byte("written by a client paused past its lease"), w)
+	err = c.call(ctx, func(cl *wire.Client) error {
+		_, err := cl.Put(ctx, []byte(*key), []byte(pausedValue), w)
+		return err
+	})
 	var fe *fencekv.Error
 	switch {
 	case err == nil:
@@ -79,6 +85,9 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 	return 0
 }
 
+// pausedValue is what the paused client writes.
+const pausedValue = "written by a client paused past its lease"
+
 type outcome struct {
 	held     bool          // the expired-lease variant
 	accepted bool          // the paused client's write was accepted
@@ -91,7 +100,7 @@ type outcome struct {
 // old token, which must be refused with stale_token. Odd rounds: A is
 // stopped past its lease and nobody acquires; A resumes and makes a held
 // write, which must be refused with lease_expired (or not_holder).
-func pauseRound(ctx context.Context, cfg Config, c *wire.Client, prefix string, i int) (o outcome, err error) {
+func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) (o outcome, err error) {
 	o.held = i%2 == 1
 	lock := fmt.Sprintf("%sround-%d", prefix, i)
 	key := fmt.Sprintf("%skey-%d", prefix, i)
@@ -140,7 +149,7 @@ func pauseRound(ctx context.Context, cfg Config, c *wire.Client, prefix string, 
 	}
 	var newer fencekv.Lease
 	if !o.held {
-		newer, err = c.Acquire(ctx, lock, cfg.TTL*10, &fencekv.AcquireOptions{Holder: "fencekv verify newer holder"})
+		newer, err = c.acquire(ctx, lock, cfg.TTL*10, fencekv.AcquireOptions{Holder: "fencekv verify newer holder " + randomID()})
 		if err != nil {
 			return o, fmt.Errorf("newer holder: %w", err)
 		}
@@ -148,7 +157,10 @@ func pauseRound(ctx context.Context, cfg Config, c *wire.Client, prefix string, 
 		if newer.Token <= o.token {
 			return o, fmt.Errorf("newer grant %d is not above %d: tokens went backwards", newer.Token, o.token)
 		}
-		if _, err := c.Put(ctx, []byte(key), []byte("written by the newer holder"), fencekv.WriteOptions{Token: newer.Token, Lock: lock}); err != nil {
+		if err := c.call(ctx, func(cl *wire.Client) error {
+			_, err := cl.Put(ctx, []byte(key), []byte("written by the newer holder"), fencekv.WriteOptions{Token: newer.Token, Lock: lock})
+			return err
+		}); err != nil {
 			return o, fmt.Errorf("newer holder's write: %w", err)
 		}
 	}
@@ -171,12 +183,29 @@ func pauseRound(ctx context.Context, cfg Config, c *wire.Client, prefix string, 
 	default:
 		return o, fmt.Errorf("paused client's write: unexpected %q", line)
 	}
+	// What the key holds shows whether the late write landed, whatever
+	// its answer said (after a failover a retried write may be refused
+	// although its first attempt landed).
+	var e fencekv.Entry
+	if err := c.call(ctx, func(cl *wire.Client) error {
+		var err error
+		e, err = cl.Get(ctx, []byte(key))
+		return err
+	}); err != nil {
+		return o, err
+	}
+	if string(e.Value) == pausedValue {
+		o.accepted = true
+	}
 	if !o.held {
 		// The newer holder still holds the lock: it tidies up.
-		if _, _, err := c.Delete(ctx, []byte(key), fencekv.WriteOptions{Token: newer.Token, Lock: lock}); err != nil {
+		if err := c.call(ctx, func(cl *wire.Client) error {
+			_, _, err := cl.Delete(ctx, []byte(key), fencekv.WriteOptions{Token: newer.Token, Lock: lock})
+			return err
+		}); err != nil {
 			return o, fmt.Errorf("cleanup: %w", err)
 		}
-		return o, c.Release(ctx, lock, newer.Token)
+		return o, release(ctx, c, lock, newer.Token)
 	}
 	if o.accepted {
 		return o, cleanup(ctx, c, lock, cfg.TTL, key)

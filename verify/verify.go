@@ -2,7 +2,9 @@
 // real process pauses (SIGSTOP past the lease) and checks that the paused
 // client's late writes are refused, and it runs an inventory workload whose
 // final counters must equal exactly the acknowledged updates. `fencekv
-// verify` runs it against a deployment; its tests run it in CI.
+// verify` runs it against a deployment, one server or a cluster's nodes
+// (which may fail over while it runs; see conn.go); its tests run it in
+// CI.
 //
 // A fencing implementation that has never seen a real stale write refused
 // is unverified: every round here produces one.
@@ -25,7 +27,7 @@ import (
 
 // Config says what to run. Zero fields take the defaults of Defaults.
 type Config struct {
-	Addr string // the server, host:port
+	Addr string // the server, host:port; or a cluster's nodes, comma-separated
 	// Rounds is the number of pause-injection rounds; they alternate
 	// between the stale-token and the expired-lease variants.
 	Rounds int
@@ -63,10 +65,11 @@ type Report struct {
 
 	Updates        int   // inventory updates attempted
 	Acked          int   // inventory updates acknowledged
+	Unknown        int   // inventory updates whose outcome is unknown (a cluster lost its leader while applying them)
 	LateAttempted  int   // inventory writes sent after the writer's lease had run out or a newer token existed
 	LateRefused    int   // of those, refused
 	LateAccepted   int   // of those, accepted although a newer token had already written (a violation)
-	Counter, Total int64 // final inventory counters, and the acknowledged updates they must equal
+	Counter, Total int64 // final inventory counters, and the acknowledged updates they must equal (up to Unknown more)
 
 	Violations []string
 	Elapsed    time.Duration
@@ -89,12 +92,12 @@ func (r *Report) String() string {
 pause injection: %d rounds with real SIGSTOP/SIGCONT
   stale-token writes after a newer holder wrote: %d refused, %d accepted
   held writes after the lease expired:           %d refused, %d accepted
-inventory: %d updates attempted, %d acknowledged
+inventory: %d updates attempted, %d acknowledged, %d with an unknown outcome (failover)
   late writes (lease run out or newer token granted): %d attempted, %d refused, %d accepted after a newer write
   counters: %d, acknowledged updates: %d
 %s
 `, r.Prefix, r.Elapsed.Round(time.Millisecond), r.Rounds, r.StaleRefused, r.StaleAccepted, r.HeldRefused, r.HeldAccepted,
-		r.Updates, r.Acked, r.LateAttempted, r.LateRefused, r.LateAccepted, r.Counter, r.Total, verdict)
+		r.Updates, r.Acked, r.Unknown, r.LateAttempted, r.LateRefused, r.LateAccepted, r.Counter, r.Total, verdict)
 	for _, v := range r.Violations {
 		s += "  - " + v + "\n"
 	}
@@ -123,12 +126,15 @@ func Run(ctx context.Context, cfg Config) (*Report, error) {
 	}
 	start := time.Now()
 	rep := &Report{Prefix: "verify/" + randomID() + "/"}
-	c, err := wire.DialWith(ctx, cfg.Addr, cfg.Dial)
+	c, err := newConn(cfg.Addr, cfg.Dial)
 	if err != nil {
 		return nil, err
 	}
 	defer c.Close()
-	if _, err := c.Ping(ctx); err != nil {
+	if err := c.call(ctx, func(cl *wire.Client) error {
+		_, err := cl.Ping(ctx)
+		return err
+	}); err != nil {
 		return nil, err
 	}
 	if err := pauseRounds(ctx, cfg, c, rep); err != nil {
@@ -157,7 +163,7 @@ func randomID() string {
 }
 
 // pauseRounds runs cfg.Rounds rounds, cfg.Clients at a time.
-func pauseRounds(ctx context.Context, cfg Config, c *wire.Client, rep *Report) error {
+func pauseRounds(ctx context.Context, cfg Config, c *conn, rep *Report) error {
 	var mu sync.Mutex // guards rep and firstErr
 	var firstErr error
 	sem := make(chan struct{}, cfg.Clients)
@@ -208,11 +214,16 @@ func pauseRounds(ctx context.Context, cfg Config, c *wire.Client, rep *Report) e
 
 // awaitExpiry polls until lock is no longer held (its lease ran out on the
 // server), or the deadline passes.
-func awaitExpiry(ctx context.Context, c *wire.Client, lock string, ttl time.Duration) error {
+func awaitExpiry(ctx context.Context, c *conn, lock string, ttl time.Duration) error {
 	deadline := time.Now().Add(10*ttl + 5*time.Second)
 	poll := max(ttl/20, 5*time.Millisecond)
 	for {
-		in, err := c.LockInfo(ctx, lock)
+		var in fencekv.LockInfo
+		err := c.call(ctx, func(cl *wire.Client) error {
+			var err error
+			in, err = cl.LockInfo(ctx, lock)
+			return err
+		})
 		if err != nil {
 			return err
 		}
@@ -232,15 +243,28 @@ func awaitExpiry(ctx context.Context, c *wire.Client, lock string, ttl time.Dura
 
 // cleanup deletes key with a fresh grant of lock (above every token that
 // wrote it), then releases the lock.
-func cleanup(ctx context.Context, c *wire.Client, lock string, ttl time.Duration, keys ...string) error {
-	l, err := c.Acquire(ctx, lock, ttl, &fencekv.AcquireOptions{Wait: 10*ttl + 5*time.Second, Holder: "fencekv verify cleanup"})
+func cleanup(ctx context.Context, c *conn, lock string, ttl time.Duration, keys ...string) error {
+	l, err := c.acquire(ctx, lock, ttl, fencekv.AcquireOptions{Wait: 10*ttl + 5*time.Second, Holder: "fencekv verify cleanup " + randomID()})
 	if err != nil {
 		return fmt.Errorf("cleanup: %w", err)
 	}
 	for _, k := range keys {
-		if _, _, err := c.Delete(ctx, []byte(k), fencekv.WriteOptions{Token: l.Token, Lock: lock}); err != nil {
+		if err := c.call(ctx, func(cl *wire.Client) error {
+			_, _, err := cl.Delete(ctx, []byte(k), fencekv.WriteOptions{Token: l.Token, Lock: lock})
+			return err
+		}); err != nil {
 			return fmt.Errorf("cleanup of %q: %w", k, err)
 		}
 	}
-	return c.Release(ctx, lock, l.Token)
+	return release(ctx, c, lock, l.Token)
+}
+
+// release releases lock through failovers: a release retried after one
+// whose outcome is unknown may find the lock already released.
+func release(ctx context.Context, c *conn, lock string, token fencekv.Token) error {
+	unknown, err := c.do(ctx, false, func(cl *wire.Client) error { return cl.Release(ctx, lock, token) })
+	if unknown && (errors.Is(err, fencekv.ErrNotHolder) || errors.Is(err, fencekv.ErrLeaseExpired)) {
+		return nil
+	}
+	return err
 }

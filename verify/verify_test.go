@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/cluster/clustertest"
 	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/verify"
 	"github.com/fencekv/fencekv/wire"
@@ -81,4 +82,111 @@ func TestReportVerdict(t *testing.T) {
 func serve(t *testing.T) string {
 	addr, _ := fencekvtest.Serve(t, nil)
 	return addr
+}
+
+// TestVerifyCluster runs a short verify against a 3-node cluster (every
+// node's address), while the leader is killed with -9 and restarted, and
+// stopped with SIGSTOP past an election and continued, over and over: no
+// stale write may be accepted, and the inventory's counters must hold
+// every acknowledged update (and at most those whose outcome a failover
+// left unknown).
+func TestVerifyCluster(t *testing.T) {
+	c := clustertest.Start(t, clustertest.Build(t), 3, nil)
+	var addrs []string
+	for _, nd := range c.Nodes {
+		addrs = append(addrs, nd.Client)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	done := make(chan struct{})
+	faults := leaderFaults(t, c, done)
+	rep, err := verify.Run(ctx, verify.Config{
+		Addr:    strings.Join(addrs, ","),
+		Rounds:  8,
+		TTL:     300 * time.Millisecond,
+		Clients: 3,
+		Updates: 60,
+		Client: func(args []string) *exec.Cmd {
+			cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestVerifyClientProcess$", "--"}, args...)...)
+			cmd.Env = append(os.Environ(), "FENCEKV_VERIFY_CLIENT=1")
+			return cmd
+		},
+	})
+	close(done)
+	n := <-faults
+	if err != nil {
+		t.Fatalf("verify: %v\n%v", err, rep)
+	}
+	t.Logf("%d faults on the leader during the run\n%s", n, rep)
+	if !rep.OK() {
+		t.Fatalf("violations: %v", rep.Violations)
+	}
+	if n < 2 {
+		t.Errorf("only %d faults during the run; want at least 2", n)
+	}
+	if rep.Rounds != 8 || rep.StaleRefused != 4 || rep.HeldRefused != 4 || rep.Updates != 60 {
+		t.Errorf("rounds %d, stale refused %d, held refused %d, updates %d; want 8, 4, 4, 60", rep.Rounds, rep.StaleRefused, rep.HeldRefused, rep.Updates)
+	}
+}
+
+// leaderFaults injects faults on the leader until done is closed: kill -9
+// and restart, then SIGSTOP and SIGCONT, by turns, each past an election.
+// The channel returned gets how many were injected.
+func leaderFaults(t *testing.T, c *clustertest.Cluster, done <-chan struct{}) <-chan int {
+	faults := make(chan int, 1)
+	go func() {
+		n := 0
+		defer func() { faults <- n }()
+		for {
+			select {
+			case <-done:
+				return
+			case <-time.After(700 * time.Millisecond): // verify runs between faults
+			}
+			leader := c.Leader(t)
+			if n%2 == 0 {
+				c.Kill(leader)
+				time.Sleep(time.Second) // down past an election
+				c.Restart(leader)
+			} else {
+				c.Pause(leader)
+				time.Sleep(1500 * time.Millisecond) // paused past an election
+				c.Resume(leader)
+			}
+			n++
+		}
+	}()
+	return faults
+}
+
+// TestVerifyCLICluster is `make verify-cluster`: it starts three nodes and
+// runs the `fencekv verify` command against all three while the leader is
+// killed and restarted, paused and continued; verify must exit 0 (no stale
+// write accepted, counters exact). FENCEKV_VERIFY_CLUSTER=1 runs it, with
+// verify's flags from FENCEKV_VERIFY_FLAGS.
+func TestVerifyCLICluster(t *testing.T) {
+	if os.Getenv("FENCEKV_VERIFY_CLUSTER") != "1" {
+		t.Skip("make verify-cluster runs it (FENCEKV_VERIFY_CLUSTER=1)")
+	}
+	bin := clustertest.Build(t)
+	c := clustertest.Start(t, bin, 3, nil)
+	var addrs []string
+	for _, nd := range c.Nodes {
+		addrs = append(addrs, nd.Client)
+	}
+	args := append([]string{"verify", "--addr", strings.Join(addrs, ",")}, strings.Fields(os.Getenv("FENCEKV_VERIFY_FLAGS"))...)
+	t.Logf("%s %s", bin, strings.Join(args, " "))
+	done := make(chan struct{})
+	faults := leaderFaults(t, c, done)
+	cmd := exec.Command(bin, args...)
+	out, err := cmd.CombinedOutput()
+	close(done)
+	n := <-faults
+	t.Logf("%d faults on the leader (kill -9 and restart, SIGSTOP and SIGCONT, by turns) while verify ran:\n%s", n, out)
+	if err != nil {
+		t.Fatalf("fencekv verify: %v", err)
+	}
+	if n < 2 {
+		t.Errorf("only %d faults during the run; want at least 2", n)
+	}
 }

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv/bench"
@@ -23,11 +24,16 @@ var ErrHeld = errors.New("lock held")
 
 // DialEtcd returns a Dialer of the etcd cluster at endpoints (URLs): each
 // Driver is a clientv3.Client of its own (one gRPC connection) with one
-// session for its locks, whose lease TTL is the first Acquire's ttl.
+// session for its locks, whose lease TTL is the first Acquire's ttl. With
+// several endpoints (a cluster's members) the Drivers are spread over
+// them, one after another, each connected to its one member, as
+// fencekv's are.
 func DialEtcd(endpoints []string) bench.Dialer {
+	var next atomic.Uint64
 	return func(ctx context.Context) (bench.Driver, error) {
+		ep := endpoints[(next.Add(1)-1)%uint64(len(endpoints))]
 		c, err := clientv3.New(clientv3.Config{
-			Endpoints:   endpoints,
+			Endpoints:   []string{ep},
 			DialTimeout: 5 * time.Second,
 			Logger:      zap.NewNop(),
 		})

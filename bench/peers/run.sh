@@ -7,10 +7,19 @@
 # runs benchpeers against them, and stops exactly the processes it started,
 # by PID. Everything it creates is removed on exit.
 #
+# Then the 3-node comparison (benchpeers cluster): a fencekv cluster and a
+# 3-member etcd cluster, both started by benchpeers on free loopback ports
+# (it kills and restarts their leaders for the failover measurement and
+# stops every node by PID), whose section is appended to the report.
+#
 # Environment: FENCEKV (the binary, default bin/fencekv), BENCHPEERS (default
 # bin/benchpeers), GO (go), DURATION (5s), WARMUP (1s), ROUNDS (1: how many
 # times to run the whole matrix; the report shows medians), CLIENTS
-# (1,16,64), WORKLOADS (all), OUT (bench/RESULTS.md), JSON (bench/RESULTS.json).
+# (1,16,64), WORKLOADS (all), OUT (bench/RESULTS.md), JSON (bench/RESULTS.json),
+# SINGLE (1; 0 skips the single-node run and rebuilds its tables from JSON),
+# CLUSTER (1; 0 skips the 3-node comparison), CLUSTER_WORKLOADS
+# (fenced-put,lock-cycle,contended,get), KILLS (5 leader kills per system),
+# CLUSTER_JSON (bench/RESULTS-cluster.json).
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -23,6 +32,11 @@ CLIENTS=${CLIENTS:-1,16,64}
 WORKLOADS=${WORKLOADS:-all}
 OUT=${OUT:-$root/bench/RESULTS.md}
 JSON=${JSON:-$root/bench/RESULTS.json}
+SINGLE=${SINGLE:-1}
+CLUSTER=${CLUSTER:-1}
+CLUSTER_WORKLOADS=${CLUSTER_WORKLOADS:-fenced-put,lock-cycle,contended,get}
+KILLS=${KILLS:-5}
+CLUSTER_JSON=${CLUSTER_JSON:-$root/bench/RESULTS-cluster.json}
 
 say() { echo "bench-peers: $*" >&2; }
 
@@ -105,35 +119,58 @@ await() {
 	done
 }
 
-read -r fport eport epeer rport < <("$BENCHPEERS" ports 4)
-mkdir -p "$tmp/fencekv" "$tmp/etcd" "$tmp/redis"
+# single_node runs the single-node matrix: one fencekv, one etcd member,
+# one Redis, and writes $OUT and $JSON.
+single_node() {
+	read -r fport eport epeer rport < <("$BENCHPEERS" ports 4)
+	mkdir -p "$tmp/fencekv" "$tmp/etcd" "$tmp/redis"
 
-start fencekv "$FENCEKV" serve --data "$tmp/fencekv" --listen "127.0.0.1:$fport" --http "" --log-level warn
-await fencekv "$fport"
+	start fencekv "$FENCEKV" serve --data "$tmp/fencekv" --listen "127.0.0.1:$fport" --http "" --log-level warn
+	await fencekv "$fport"
 
-start etcd etcd --name bench --data-dir "$tmp/etcd" \
-	--listen-client-urls "http://127.0.0.1:$eport" --advertise-client-urls "http://127.0.0.1:$eport" \
-	--listen-peer-urls "http://127.0.0.1:$epeer" --initial-advertise-peer-urls "http://127.0.0.1:$epeer" \
-	--initial-cluster "bench=http://127.0.0.1:$epeer" --initial-cluster-state new
-await etcd "$eport"
+	start etcd etcd --name bench --data-dir "$tmp/etcd" \
+		--listen-client-urls "http://127.0.0.1:$eport" --advertise-client-urls "http://127.0.0.1:$eport" \
+		--listen-peer-urls "http://127.0.0.1:$epeer" --initial-advertise-peer-urls "http://127.0.0.1:$epeer" \
+		--initial-cluster "bench=http://127.0.0.1:$epeer" --initial-cluster-state new
+	await etcd "$eport"
 
-start redis redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp/redis" \
-	--appendonly yes --appendfsync always --save "" --daemonize no --logfile ""
-await redis "$rport"
+	start redis redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp/redis" \
+		--appendonly yes --appendfsync always --save "" --daemonize no --logfile ""
+	await redis "$rport"
+
+	etcd_version=$(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p')
+	redis_version=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
+
+	say "checking the peer drivers' fencing semantics against these servers"
+	(cd "$root/bench/peers" && BENCH_ETCD="http://127.0.0.1:$eport" BENCH_REDIS="127.0.0.1:$rport" \
+		"${GO:-go}" test -count=1 ./... >&2)
+
+	say "running benchpeers (this takes a few minutes)"
+	"$BENCHPEERS" \
+		--fencekv "127.0.0.1:$fport" \
+		--etcd "http://127.0.0.1:$eport" --etcd-version "$etcd_version" \
+		--redis "127.0.0.1:$rport" --redis-version "$redis_version" \
+		--data-dir "$tmp" --duration "$DURATION" --warmup "$WARMUP" --rounds "$ROUNDS" \
+		--clients "$CLIENTS" --workloads "$WORKLOADS" \
+		--out "$OUT" --json "$JSON"
+	say "wrote $OUT and $JSON"
+}
 
 etcd_version=$(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p')
-redis_version=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
+if [ "$SINGLE" = 1 ]; then
+	single_node
+else
+	say "SINGLE=0: the single-node tables come from $JSON"
+	"$BENCHPEERS" --from "$JSON" --out "$OUT"
+fi
 
-say "checking the peer drivers' fencing semantics against these servers"
-(cd "$root/bench/peers" && BENCH_ETCD="http://127.0.0.1:$eport" BENCH_REDIS="127.0.0.1:$rport" \
-	"${GO:-go}" test -count=1 ./... >&2)
-
-say "running benchpeers (this takes a few minutes)"
-"$BENCHPEERS" \
-	--fencekv "127.0.0.1:$fport" \
-	--etcd "http://127.0.0.1:$eport" --etcd-version "$etcd_version" \
-	--redis "127.0.0.1:$rport" --redis-version "$redis_version" \
-	--data-dir "$tmp" --duration "$DURATION" --warmup "$WARMUP" --rounds "$ROUNDS" \
-	--clients "$CLIENTS" --workloads "$WORKLOADS" \
-	--out "$OUT" --json "$JSON"
-say "wrote $OUT and $JSON"
+if [ "$CLUSTER" = 1 ]; then
+	say "running the 3-node comparison (benchpeers cluster; it starts and stops both clusters itself)"
+	mkdir -p "$tmp/clusters"
+	"$BENCHPEERS" cluster --fencekv-bin "$FENCEKV" --etcd-bin "$(command -v etcd)" --etcd-version "$etcd_version" \
+		--data-dir "$tmp/clusters" --duration "$DURATION" --warmup "$WARMUP" --rounds "$ROUNDS" \
+		--clients "$CLIENTS" --workloads "$CLUSTER_WORKLOADS" --kills "$KILLS" \
+		--out "$tmp/cluster.md" --json "$CLUSTER_JSON"
+	{ echo; cat "$tmp/cluster.md"; } >>"$OUT"
+	say "appended the 3-node comparison to $OUT; its results are in $CLUSTER_JSON"
+fi

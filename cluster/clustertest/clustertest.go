@@ -1,12 +1,16 @@
 // Package clustertest runs real `fencekv serve` cluster nodes on loopback
 // for tests: it builds the binary, starts nodes on free ports with temp
 // data dirs, and injects process faults (kill -9, SIGSTOP/SIGCONT,
-// restart). Every process it starts is stopped by its PID when the test
+// restart) and, with Options.Proxy, network faults between nodes' raft
+// traffic (cuts, one-way or both ways, delays, partitions that heal; see
+// proxy.go). Every process it starts is stopped by its PID when the test
 // ends.
 //
 //	bin := clustertest.Build(t)
-//	c := clustertest.Start(t, bin, 3)
+//	c := clustertest.Start(t, bin, 3, &clustertest.Options{Proxy: true})
 //	leader := c.Leader(t)
+//	c.Isolate(leader) // the leader alone in a minority
+//	c.Heal()
 //	c.Kill(leader)
 package clustertest
 
@@ -14,11 +18,13 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"runtime"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -77,10 +83,13 @@ type Node struct {
 	Name   string
 	Dir    string
 	Client string // client address
-	Raft   string
-	Gossip string
-	HTTP   string   // /metrics, /healthz, /readyz
-	Extra  []string // more serve flags
+	Raft   string // where it listens for raft
+	// RaftAdvertise is the raft address the other nodes dial: its fault
+	// proxy's, or "" when the cluster has none (they dial Raft).
+	RaftAdvertise string
+	Gossip        string
+	HTTP          string   // /metrics, /healthz, /readyz
+	Extra         []string // more serve flags
 
 	mu  sync.Mutex // guards cmd, log, exited
 	cmd *exec.Cmd
@@ -93,9 +102,12 @@ type Node struct {
 type Cluster struct {
 	Bin   string
 	Nodes []*Node
-	tb    testing.TB
-	dial  *wire.DialOptions // TLS and credentials of the cluster's own clients
-	extra []string          // Options.Extra
+	// Faults says what happens to the raft traffic between each pair of
+	// nodes; nil unless the cluster was started with Options.Proxy.
+	Faults *Faults
+	tb     testing.TB
+	dial   *wire.DialOptions // TLS and credentials of the cluster's own clients
+	extra  []string          // Options.Extra
 	// nodeExtra is Options.NodeExtra.
 	nodeExtra func(name string) []string
 }
@@ -112,6 +124,9 @@ type Options struct {
 	// Order, if set, is the order the nodes start in (indexes), each
 	// after the one before it answers; by default all start at once.
 	Order []int
+	// Proxy puts a fault proxy in front of each node's raft listener, for
+	// network faults (Cut, Isolate, Partition, SetLink, Heal).
+	Proxy bool
 }
 
 // Start starts n nodes that bootstrap one cluster (--bootstrap-expect n,
@@ -123,6 +138,9 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 	var nodeExtra func(string) []string
 	if o != nil {
 		extra, nodeExtra, c.dial = o.Extra, o.NodeExtra, o.Dial
+		if o.Proxy {
+			c.Faults = NewFaults()
+		}
 	}
 	c.extra, c.nodeExtra = extra, nodeExtra
 	for i := range n {
@@ -196,8 +214,10 @@ func (c *Cluster) flagsOf(name string) []string {
 }
 
 // newNode reserves addresses and a data dir for a node.
+// newNode reserves addresses and a data dir for a node, and starts its
+// fault proxy if the cluster has them.
 func (c *Cluster) newNode(name string, extra []string) *Node {
-	return &Node{
+	nd := &Node{
 		Name:   name,
 		Dir:    filepath.Join(c.tb.TempDir(), name),
 		Client: freeAddr(c.tb),
@@ -206,6 +226,15 @@ func (c *Cluster) newNode(name string, extra []string) *Node {
 		HTTP:   freeAddr(c.tb),
 		Extra:  extra,
 	}
+	if c.Faults != nil {
+		p, err := NewProxy(nd.Name, nd.Raft, c.Faults)
+		if err != nil {
+			c.tb.Fatalf("clustertest: proxy for %s: %v", name, err)
+		}
+		c.tb.Cleanup(func() { p.Close() })
+		nd.RaftAdvertise = p.Addr()
+	}
+	return nd
 }
 
 // gossipList is every other node's gossip address.
@@ -231,15 +260,20 @@ func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
 }
 
 // freeAddr returns a loopback address with a port free for TCP and UDP
-// (memberlist uses both).
+// (memberlist uses both). The port is below the kernel's ephemeral range,
+// so that no connection or listener on port 0, in this test or any other
+// process, is given it between now and when the node binds it (and binds
+// it again after a restart).
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+	lo, hi := fixedPorts()
+	for range 200 {
+		port := lo + rand.IntN(hi-lo)
+		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
+		l, err := net.Listen("tcp", addr)
 		if err != nil {
-			tb.Fatal(err)
+			continue
 		}
-		addr := l.Addr().String()
 		u, err := net.ListenPacket("udp", addr)
 		l.Close()
 		if err != nil {
@@ -252,10 +286,27 @@ func freeAddr(tb testing.TB) string {
 	return ""
 }
 
+// fixedPorts is the range freeAddr picks from: below the ephemeral ports
+// (/proc/sys/net/ipv4/ip_local_port_range; 32768 by default).
+func fixedPorts() (lo, hi int) {
+	hi = 32768
+	if b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range"); err == nil {
+		if f := strings.Fields(string(b)); len(f) == 2 {
+			if n, err := strconv.Atoi(f[0]); err == nil && n > 12000 {
+				hi = n
+			}
+		}
+	}
+	return 10000, hi
+}
+
 // launch starts the node's process.
 func (c *Cluster) launch(nd *Node, extra []string) {
 	args := []string{"serve", "--node", nd.Name, "--data", nd.Dir, "--listen", nd.Client,
 		"--raft", nd.Raft, "--gossip", nd.Gossip, "--http", nd.HTTP, "--log-level", "info"}
+	if nd.RaftAdvertise != "" {
+		args = append(args, "--raft-advertise", nd.RaftAdvertise)
+	}
 	args = append(args, nd.Extra...)
 	args = append(args, extra...)
 	cmd := exec.Command(c.Bin, args...)
@@ -491,6 +542,52 @@ func (c *Cluster) WaitWritable(tb testing.TB, within time.Duration) {
 			tb.Fatalf("clustertest: no write acknowledged within %v", within)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// SetLink sets what happens to the raft bytes from one node to another
+// (see Link). The cluster must have been started with Options.Proxy.
+func (c *Cluster) SetLink(from, to *Node, l Link) {
+	if c.Faults == nil {
+		c.tb.Fatal("clustertest: network faults need Options.Proxy")
+	}
+	c.Faults.Set(from.Name, to.Name, l)
+}
+
+// Cut drops everything from sends to (one way: to may still reach from).
+func (c *Cluster) Cut(from, to *Node) { c.SetLink(from, to, Link{Mode: Drop}) }
+
+// Isolate cuts nd off from every other node, both ways: a leader isolated
+// is alone in a minority; a follower isolated is cut off from the leader
+// and the rest.
+func (c *Cluster) Isolate(nd *Node) {
+	for _, o := range c.Nodes {
+		if o != nd {
+			c.Cut(nd, o)
+			c.Cut(o, nd)
+		}
+	}
+}
+
+// Partition cuts every link, both ways, between nodes of different
+// groups; links within a group are left as they are.
+func (c *Cluster) Partition(groups ...[]*Node) {
+	for i, g := range groups {
+		for _, h := range groups[i+1:] {
+			for _, a := range g {
+				for _, b := range h {
+					c.Cut(a, b)
+					c.Cut(b, a)
+				}
+			}
+		}
+	}
+}
+
+// Heal makes every link pass again.
+func (c *Cluster) Heal() {
+	if c.Faults != nil {
+		c.Faults.HealAll()
 	}
 }
 

@@ -48,7 +48,7 @@ and Redis, see bench/peers ('make bench-peers').
 Example:
   fencekv bench --workload lock-cycle --clients 64 --duration 10s --json`,
 		Flags: append([]cli.Flag{
-			&cli.StringFlag{Name: "addr", Value: DefaultAddr, EnvVars: []string{"FENCEKV_ADDR"}, Usage: "server `ADDRESS` (host:port)"},
+			&cli.StringFlag{Name: "addr", Value: DefaultAddr, EnvVars: []string{"FENCEKV_ADDR"}, Usage: "server `ADDRESS` (host:port); a cluster's nodes, comma-separated, spread the clients over them"},
 			&cli.StringFlag{Name: "workload", Aliases: []string{"w"}, Value: string(d.Workload), Usage: "fenced-put, lock-cycle, contended, get or mixed"},
 			&cli.IntFlag{Name: "clients", Aliases: []string{"c"}, Value: d.Clients, Usage: "concurrent clients, one connection each"},
 			&cli.DurationFlag{Name: "duration", Aliases: []string{"d"}, Value: d.Duration, Usage: "measured time"},

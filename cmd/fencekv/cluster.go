@@ -19,6 +19,7 @@ func clusterFlags() []cli.Flag {
 	return []cli.Flag{
 		&cli.StringFlag{Name: "node", EnvVars: env("NODE"), Usage: "run as the cluster node `NAME` (unique; kept in the data dir); without it, a single node"},
 		&cli.StringFlag{Name: "raft", EnvVars: env("RAFT"), Usage: "replication `ADDRESS` (host:port) of this node"},
+		&cli.StringFlag{Name: "raft-advertise", EnvVars: env("RAFT_ADVERTISE"), Usage: "replication `ADDRESS` (host:port) the other nodes dial, if not --raft (NAT, or a proxy in front of the node)"},
 		&cli.StringFlag{Name: "gossip", EnvVars: env("GOSSIP"), Usage: "membership `ADDRESS` (host:port, TCP and UDP) of this node"},
 		&cli.StringFlag{Name: "join", EnvVars: env("JOIN"), Usage: "gossip `ADDRESSES` of running members, comma-separated (retried until one answers)"},
 		&cli.IntFlag{Name: "bootstrap-expect", EnvVars: env("BOOTSTRAP_EXPECT"), Usage: "bootstrap a new cluster once `N` servers without state see each other"},
@@ -40,7 +41,7 @@ type engine interface {
 func openEngine(c *cli.Context, dir, clientAddr string, o fencekv.Options, sec *serverSecurity) (engine, error) {
 	name := c.String("node")
 	if name == "" {
-		for _, f := range []string{"raft", "gossip", "join", "bootstrap-expect"} {
+		for _, f := range []string{"raft", "raft-advertise", "gossip", "join", "bootstrap-expect"} {
 			if c.IsSet(f) {
 				return nil, usagef("--%s needs --node (a cluster node's name)", f)
 			}
@@ -59,6 +60,7 @@ func openEngine(c *cli.Context, dir, clientAddr string, o fencekv.Options, sec *
 	cc.Dir = dir
 	cc.ClientAddr = clientAddr
 	cc.RaftAddr = c.String("raft")
+	cc.RaftAdvertise = c.String("raft-advertise")
 	cc.GossipAddr = c.String("gossip")
 	if cc.RaftAddr == "" || cc.GossipAddr == "" {
 		return nil, usagef("a cluster node needs --raft and --gossip addresses")

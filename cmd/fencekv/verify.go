@@ -13,9 +13,13 @@ func verifyCommand() *cli.Command {
 	return &cli.Command{
 		Name:  "verify",
 		Usage: "prove fencing against a live server with real process pauses",
-		UsageText: `fencekv verify [--addr ADDR] [--rounds 100] [--ttl 2s] [--clients 4] [--updates 200]
+		UsageText: `fencekv verify [--addr ADDR[,ADDR...]] [--rounds 100] [--ttl 2s] [--clients 4] [--updates 200]
 
-Runs against a live server and exits non-zero if any stale write was accepted:
+Runs against a live server, or every node of a cluster (--addr a,b,c), and
+exits non-zero if any stale write was accepted. Against a cluster it goes on
+through failovers: a call answered unavailable, or whose connection broke, is
+retried on the next node, and an update whose outcome a failover left unknown
+is counted as such (its counter may or may not include it):
 
  1. Pause injection with real processes: a client process acquires a lock and is
     stopped with SIGSTOP before its write, for longer than the TTL. In even

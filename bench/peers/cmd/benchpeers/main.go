@@ -42,6 +42,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 	if len(args) > 0 && args[0] == "ports" {
 		return ports(args[1:], stdout, stderr)
 	}
+	if len(args) > 0 && args[0] == "cluster" {
+		return clusterMain(args[1:], stdout, stderr)
+	}
 	if len(args) == 2 && args[0] == "synced-echo" {
 		return syncedEcho(args[1], stdout, stderr)
 	}

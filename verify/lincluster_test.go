@@ -1,0 +1,290 @@
+package verify
+
+// TestLinearizableCluster is TestLinearizable against a 3-node cluster of
+// real `fencekv serve` processes: the same model, workload and porcupine
+// check, with clients on random nodes (a client moves to another random
+// node after its connection breaks or a node answers unavailable) and,
+// during the run, faults on the leader and the followers:
+//
+//	kill -9 of the leader or of a follower, restarted on its data dir;
+//	SIGSTOP of the leader past an election, then SIGCONT;
+//	the leader alone in a minority (its raft traffic cut both ways);
+//	a follower cut off from the others;
+//	the leader's outbound raft traffic cut (it hears, nobody hears it);
+//	every raft link slowed down;
+//
+// each healed before the next. An `unavailable` answer with outcome
+// "unknown", a broken connection or a timeout is an unknown outcome;
+// `unavailable` without it means the command was not applied, and the
+// operation is left out of the history (its value then appears in no
+// operation, so a read that saw it would fail the check).
+//
+// Beyond porcupine, two checks read the history directly: tokens strictly
+// rise across every fault (every grant called after a fault ended is
+// above every grant acknowledged before it began, besides G1 across the
+// whole run), and no write carrying a token was accepted after a write
+// with a newer token to the same key had been acknowledged, or a read had
+// shown the key fenced above it (G2).
+
+import (
+	"context"
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"sort"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+	"github.com/fencekv/fencekv/cluster/clustertest"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// clusterTarget is a cluster's nodes as a linTarget: a client dials a
+// random running node.
+type clusterTarget struct {
+	c *clustertest.Cluster
+}
+
+func (ct clusterTarget) dial(ctx context.Context, rng *rand.Rand) (*wire.Client, error) {
+	for {
+		nodes := ct.c.Nodes
+		nd := nodes[rng.IntN(len(nodes))]
+		dctx, cancel := context.WithTimeout(ctx, time.Second)
+		cl, err := wire.Dial(dctx, nd.Client)
+		cancel()
+		if err == nil {
+			return cl, nil
+		}
+		// Down (killed, not yet restarted): another, after a moment.
+		select {
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-time.After(20 * time.Millisecond):
+		}
+	}
+}
+
+// linClusterConfig sizes a run against a cluster.
+type linClusterConfig struct {
+	clients   int
+	faults    int
+	gap       [2]time.Duration // run this long (at random) between faults
+	hold      [2]time.Duration // and each fault lasts this long
+	minOps    int64            // and at least this many operations between faults
+	checkTime time.Duration
+}
+
+func TestLinearizableCluster(t *testing.T) {
+	cfg := linClusterConfig{clients: 8, faults: 7, gap: [2]time.Duration{300 * time.Millisecond, 900 * time.Millisecond},
+		hold: [2]time.Duration{800 * time.Millisecond, 1800 * time.Millisecond}, minOps: 40, checkTime: 2 * time.Minute}
+	if verifyLong() {
+		cfg = linClusterConfig{clients: 10, faults: 56, gap: [2]time.Duration{500 * time.Millisecond, 3 * time.Second},
+			hold: [2]time.Duration{800 * time.Millisecond, 3 * time.Second}, minOps: 100, checkTime: 15 * time.Minute}
+	}
+	runLinearizableCluster(t, cfg)
+}
+
+// A fault: what it does, and how it is undone.
+type linFault struct {
+	name   string
+	inject func(c *clustertest.Cluster, leader *clustertest.Node) (undo func())
+}
+
+var linFaults = []linFault{
+	{"kill -9 the leader", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		c.Kill(l)
+		return func() { c.Restart(l) }
+	}},
+	{"SIGSTOP the leader", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		c.Pause(l)
+		return func() { c.Resume(l) }
+	}},
+	{"isolate the leader", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		c.Isolate(l)
+		return c.Heal
+	}},
+	{"kill -9 a follower", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		f := c.Others(l)[0]
+		c.Kill(f)
+		return func() { c.Restart(f) }
+	}},
+	{"cut a follower off", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		c.Isolate(c.Others(l)[1])
+		return c.Heal
+	}},
+	{"cut the leader's outbound raft", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		for _, o := range c.Others(l) {
+			c.Cut(l, o)
+		}
+		return c.Heal
+	}},
+	{"slow every raft link", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+		for _, a := range c.Nodes {
+			for _, b := range c.Nodes {
+				if a != b {
+					c.SetLink(a, b, clustertest.Link{Mode: clustertest.Delay, Delay: 30 * time.Millisecond})
+				}
+			}
+		}
+		return c.Heal
+	}},
+}
+
+// faultRec is one fault as injected: when it began and when it was undone
+// (times of the run).
+type faultRec struct {
+	name       string
+	start, end int64
+}
+
+func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
+	seed := testSeed(t)
+	c := clustertest.Start(t, fencekvBinary(t), 3, &clustertest.Options{Proxy: true})
+	r := &linRun{t: t, target: clusterTarget{c}, cluster: true, start: time.Now(), ops: newOpCounter()}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	defer func() {
+		r.done.Store(true)
+		r.cancel()
+		wg.Wait()
+	}()
+	r.startClients(&wg, cfg.clients, seed)
+
+	// The main goroutine owns the cluster: faults in turn, each kind as
+	// often as the others, in a random order per cycle.
+	rng := rand.New(rand.NewPCG(seed, math.MaxUint64))
+	var faults []faultRec
+	var annotations []porcupine.Annotation
+	var order []int
+	for k := range cfg.faults {
+		r.ops.await(t, cfg.minOps, randDuration(rng, cfg.gap[0], cfg.gap[1]), "clients completed")
+		if len(order) == 0 {
+			order = rng.Perm(len(linFaults))
+		}
+		f := linFaults[order[0]]
+		order = order[1:]
+		leader := c.Leader(t)
+		at := r.now()
+		undo := f.inject(c, leader)
+		time.Sleep(randDuration(rng, cfg.hold[0], cfg.hold[1])) // the fault lasts: the point of it
+		undo()
+		end := r.now()
+		faults = append(faults, faultRec{name: f.name, start: at, end: end})
+		annotations = append(annotations, porcupine.Annotation{Tag: "faults", Start: at, End: end,
+			Description: fmt.Sprintf("#%d %s (%s)", k+1, f.name, leader.Name), BackgroundColor: "#ffb3b3"})
+		t.Logf("fault %d: %s (leader %s) for %v", k+1, f.name, leader.Name, time.Duration(end-at).Round(time.Millisecond))
+	}
+	r.ops.await(t, cfg.minOps, cfg.gap[0], "clients completed")
+	r.done.Store(true)
+	wg.Wait()
+	c.WaitWritable(t, time.Minute)
+	history := r.finish(cfg.clients, seed)
+
+	r.mu.Lock()
+	t.Logf("%d operations answered unavailable (not applied) and left out of the history", len(r.notApplied))
+	for i, s := range r.notApplied {
+		if i == 5 {
+			t.Logf("...")
+			break
+		}
+		t.Logf("not applied: %s", s)
+	}
+	r.mu.Unlock()
+	r.checkGrants(history)
+	checkFailoverTokens(t, history, faults)
+	checkFences(t, history)
+	r.check(history, linConfig{clients: cfg.clients, kills: len(faults), checkTime: cfg.checkTime}, annotations)
+}
+
+// checkFailoverTokens checks that tokens strictly rise across every
+// fault: each grant called after a fault was undone is above every grant
+// acknowledged before the fault began.
+func checkFailoverTokens(t *testing.T, history []porcupine.Operation, faults []faultRec) {
+	t.Helper()
+	type grant struct {
+		token     uint64
+		call, ret int64
+	}
+	var grants []grant
+	for _, op := range history {
+		in, out := op.Input.(linInput), op.Output.(linOutput)
+		if in.Op == linAcquire && !out.Unknown && out.Err == "" {
+			grants = append(grants, grant{out.Token, op.Call, op.Return})
+		}
+	}
+	across := 0
+	for _, f := range faults {
+		var before uint64
+		after := uint64(math.MaxUint64)
+		for _, g := range grants {
+			if g.ret < f.start {
+				before = max(before, g.token)
+			}
+			if g.call > f.end {
+				after = min(after, g.token)
+			}
+		}
+		if before == 0 || after == math.MaxUint64 {
+			continue
+		}
+		across++
+		if after <= before {
+			t.Errorf("tokens across %q: a grant called after it has token %d, not above %d acknowledged before it", f.name, after, before)
+		}
+	}
+	t.Logf("tokens rose across %d of %d faults (the others had no grant on one side)", across, len(faults))
+}
+
+// checkFences checks G2 on the history directly: no write carrying a
+// token was accepted after the key was known to be fenced above that
+// token (by an acknowledged write with a higher token, or an answer that
+// showed the fence) before the write was called. A strict write must be
+// above the fence, others at or above it.
+func checkFences(t *testing.T, history []porcupine.Operation) {
+	t.Helper()
+	type seen struct {
+		fence uint64
+		ret   int64
+		what  string
+	}
+	type key struct{ part, key int }
+	fences := map[key][]seen{}
+	var writes []porcupine.Operation
+	for _, op := range history {
+		in, out := op.Input.(linInput), op.Output.(linOutput)
+		if in.Op >= linAcquire || out.Unknown {
+			continue
+		}
+		k := key{in.Part, in.Key}
+		switch {
+		case out.Err == "" && (in.Op != linGet || out.Found || out.Fence > 0):
+			fences[k] = append(fences[k], seen{out.Fence, op.Return, linDescribe(in, out)})
+		case out.Err == "stale_token":
+			fences[k] = append(fences[k], seen{out.Fact, op.Return, linDescribe(in, out)})
+		}
+		if in.Op != linGet && in.Token > 0 && out.Err == "" {
+			writes = append(writes, op)
+		}
+	}
+	for _, s := range fences {
+		sort.Slice(s, func(i, j int) bool { return s[i].ret < s[j].ret })
+	}
+	checked := 0
+	for _, w := range writes {
+		in := w.Input.(linInput)
+		for _, s := range fences[key{in.Part, in.Key}] {
+			if s.ret >= w.Call {
+				break
+			}
+			if s.fence > in.Token || in.Strict && s.fence == in.Token {
+				t.Errorf("G2: %s (called at %v) was accepted after %s had returned at %v",
+					linDescribe(in, w.Output.(linOutput)), time.Duration(w.Call), s.what, time.Duration(s.ret))
+				break
+			}
+		}
+		checked++
+	}
+	t.Logf("fences: %d accepted writes with tokens checked against every fence seen before them", checked)
+}
