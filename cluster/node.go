@@ -52,7 +52,6 @@ type Node struct {
 	ml    *memberlist.Memberlist
 	mdel  *members
 
-
 	mu     sync.Mutex    // guards ready, term, change
 	ready  bool          // this node leads, and its rearm has been applied
 	term   uint64        // the term in which it became ready
