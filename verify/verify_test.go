@@ -107,9 +107,7 @@ func TestVerifyCluster(t *testing.T) {
 		Clients: 3,
 		Updates: 60,
 		Client: func(args []string) *exec.Cmd {
-			cmd := exec.Command(os.Args[0], append([]string{"-test.run=^TestVerifyClientProcess$", "--"}, args...)...)
-			cmd.Env = append(os.Environ(), "FENCEKV_VERIFY_CLIENT=1")
-			return cmd
+			return fencekvtest.Child("TestVerifyClientProcess", args)
 		},
 	})
 	close(done)
