@@ -39,11 +39,12 @@ type proposal struct {
 // proposer batches the commands this node proposes as leader into raft
 // entries.
 type proposer struct {
-	n     *Node
-	mu    sync.Mutex // guards queue
-	queue []*proposal
-	wake  chan struct{} // something was queued
-	slots chan struct{} // one value per entry in flight
+	n      *Node
+	mu     sync.Mutex // guards queue, closed
+	queue  []*proposal
+	closed bool          // the node stopped: nothing more is proposed
+	wake   chan struct{} // something was queued
+	slots  chan struct{} // one value per entry in flight
 }
 
 func newProposer(n *Node) *proposer {
@@ -66,6 +67,10 @@ func (p *proposer) apply(c fencekv.Command) (fencekv.Result, error) {
 func (p *proposer) applyGroup(cmds ...fencekv.Command) ([]fencekv.Result, error) {
 	pr := &proposal{cmds: cmds, done: make(chan struct{})}
 	p.mu.Lock()
+	if p.closed {
+		p.mu.Unlock()
+		return nil, errClosed
+	}
 	p.queue = append(p.queue, pr)
 	p.mu.Unlock()
 	select {
@@ -148,10 +153,11 @@ func (p *proposer) take() []*proposal {
 	return batch
 }
 
+// failQueued answers every queued proposal with err, for good.
 func (p *proposer) failQueued(err error) {
 	p.mu.Lock()
 	q := p.queue
-	p.queue = nil
+	p.queue, p.closed = nil, true
 	p.mu.Unlock()
 	for _, pr := range q {
 		pr.err = err

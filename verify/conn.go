@@ -161,10 +161,13 @@ func (c *conn) call(ctx context.Context, fn func(*wire.Client) error) error {
 }
 
 // acquire takes lock for holder (which must name this one caller), through
-// failovers: after an acquire whose outcome is unknown it looks whether
-// the lock went to holder, and takes that grant.
+// failovers: once an acquire's outcome is unknown, the lock may be this
+// caller's already, so whenever a later attempt finds it held, or is
+// unknown too, it looks whether the lock's holder is o.Holder, and takes
+// that grant.
 func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fencekv.AcquireOptions) (fencekv.Lease, error) {
 	deadline := time.Now().Add(failoverBudget)
+	mine := false // an attempt's outcome is unknown: a grant may be ours
 	for {
 		var l fencekv.Lease
 		unknown, err := c.do(ctx, true, func(cl *wire.Client) error {
@@ -172,7 +175,8 @@ func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fe
 			l, err = cl.Acquire(ctx, lock, ttl, &o)
 			return err
 		})
-		if !unknown || err == nil {
+		mine = mine || unknown
+		if err == nil || !mine || !unknown && !errors.Is(err, fencekv.ErrLockHeld) {
 			return l, err
 		}
 		var in fencekv.LockInfo
@@ -183,10 +187,12 @@ func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fe
 		}); err != nil {
 			return l, err
 		}
-		if in.Held && in.Holder == o.Holder {
+		switch {
+		case in.Held && in.Holder == o.Holder:
 			return fencekv.Lease{Name: lock, Token: in.Token, TTL: ttl}, nil
-		}
-		if time.Now().After(deadline) {
+		case in.Held && !unknown:
+			return l, err // held by another caller: a real refusal
+		case time.Now().After(deadline):
 			return l, fmt.Errorf("acquire %s: no answer for %v", lock, failoverBudget)
 		}
 	}

@@ -205,8 +205,11 @@ func update(ctx context.Context, cfg Config, c *conn, lock string, keys [2]strin
 		// count it.
 		u.unknown = true
 	case errors.As(err, &fe) && (fe.Code == fencekv.CodeStaleToken || fe.Code == fencekv.CodeLeaseExpired || fe.Code == fencekv.CodeNotHolder):
-		if !newer && elapsed < cfg.TTL/2 {
-			return u, fmt.Errorf("a write %v into a %v lease (token %d) was refused: %w", elapsed, cfg.TTL, l.Token, err)
+		// Refused although answered within half the lease of the grant
+		// (counting any retries through a failover): the lease was cut
+		// short.
+		if answered := time.Since(sent); !newer && answered < cfg.TTL/2 {
+			return u, fmt.Errorf("a write answered %v into a %v lease (token %d) was refused: %w", answered, cfg.TTL, l.Token, err)
 		}
 		u.late = true // it reached the server after its lease ran out
 	default:
