@@ -67,9 +67,16 @@ var servingAddr = regexp.MustCompile(`msg="fencekv serving" .*addr=(\S+)`)
 // killed when the test ends if it is still running.
 func startServer(t *testing.T, dir string, extra ...string) *server {
 	t.Helper()
+	args := append([]string{bin, "serve", "--data", dir, "--listen", "127.0.0.1:0", "--http", ""}, extra...)
+	return startServerCmd(t, dir, args)
+}
+
+// startServerCmd runs argv (a command that execs 'fencekv serve', so that
+// its PID is the server's) and waits until it serves.
+func startServerCmd(t *testing.T, dir string, argv []string) *server {
+	t.Helper()
 	s := &server{dir: dir, log: &logBuffer{}, done: make(chan struct{})}
-	args := append([]string{"serve", "--data", dir, "--listen", "127.0.0.1:0", "--http", ""}, extra...)
-	s.cmd = exec.Command(bin, args...)
+	s.cmd = exec.Command(argv[0], argv[1:]...)
 	s.cmd.Env = cleanEnv()
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {

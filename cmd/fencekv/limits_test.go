@@ -249,33 +249,8 @@ func startLimitedServer(t *testing.T, nofile int) *server {
 	} else {
 		argv = append([]string{"sh", "-c", fmt.Sprintf(`ulimit -n %d && exec "$@"`, nofile), "sh"}, serve...)
 	}
-	s := &server{dir: dir, log: &logBuffer{}, done: make(chan struct{})}
 	// Both prlimit and the shell exec the server: the PID is the server's.
-	s.cmd = exec.Command(argv[0], argv[1:]...)
-	s.cmd.Env = cleanEnv()
-	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
-	if err := s.cmd.Start(); err != nil {
-		t.Fatalf("start serve: %v", err)
-	}
-	go func() {
-		s.err = s.cmd.Wait()
-		close(s.done)
-	}()
-	t.Cleanup(func() { s.kill() })
-	waitFor(t, 10*time.Second, "the server's \"fencekv serving\" line", func() bool {
-		select {
-		case <-s.done:
-			t.Fatalf("serve exited before serving: %v\n%s", s.err, s.log)
-		default:
-		}
-		m := servingAddr.FindStringSubmatch(s.log.String())
-		if m == nil {
-			return false
-		}
-		s.addr = m[1]
-		return true
-	})
-	return s
+	return startServerCmd(t, dir, argv)
 }
 
 // pingOutcome is what a new client got: its ping answered, or a refusal.
