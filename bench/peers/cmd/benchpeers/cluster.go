@@ -676,55 +676,11 @@ func (r *clusterReport) clusterMarkdown() string {
 	p("- Each run: %v warm-up, then %v measured.\n\n", r.Warmup, r.Duration)
 
 	p("## Throughput and latency (3 nodes)\n\n")
-	p("| workload | clients |")
-	align := "| --- | ---: |"
-	for _, s := range r.Systems {
-		p(" %s ops/s | p50 | p99 |", s.Name)
-		align += " ---: | ---: | ---: |"
-	}
+	var peers []string
 	if r.has("etcd") && r.has("fencekv") {
-		p(" fencekv/etcd |")
-		align += " ---: |"
+		peers = []string{"etcd"}
 	}
-	p("\n%s\n", align)
-	var failures []string
-	for _, wl := range bench.Workloads {
-		for _, c := range []int{1, 2, 4, 8, 16, 32, 64, 128, 256} {
-			if !r.ran(wl, c) {
-				continue
-			}
-			p("| %s | %d |", wl, c)
-			for _, s := range r.Systems {
-				rr, ok := r.find(s.Name, wl, c)
-				if !ok {
-					p(" failed | | |")
-				} else {
-					mark := ""
-					if rr.Result.Errors > 0 {
-						mark = " (!)"
-					}
-					p(" %.0f%s | %s | %s |", rr.Result.OpsPerSec, mark, ms(rr.Result.Latency.P50), ms(rr.Result.Latency.P99))
-				}
-				for _, rr := range r.Runs {
-					if rr.System == s.Name && rr.Result.Workload == wl && rr.Result.Clients == c && (rr.Error != "" || rr.Result.Errors > 0) {
-						failures = append(failures, fmt.Sprintf("%s, %s, %d clients, round %d: %d errors; %s %s", s.Name, wl, c, rr.Round, rr.Result.Errors, rr.Error, rr.Result.FirstError))
-					}
-				}
-			}
-			if r.has("etcd") && r.has("fencekv") {
-				p(" %s |", r.ratioText("etcd", wl, c))
-			}
-			p("\n")
-		}
-	}
-	p("\n")
-	if len(failures) > 0 {
-		p("Errors (runs marked (!) or failed):\n\n")
-		for _, f := range failures {
-			p("- %s\n", f)
-		}
-		p("\n")
-	}
+	r.throughputTable(p, []int{1, 2, 4, 8, 16, 32, 64, 128, 256}, peers)
 
 	p("## Failover\n\n")
 	p("Under write load (%s clients spread over the nodes, each putting to its own key with a token, reconnecting to the next node after any error), the leader is killed with SIGKILL; the time is from the kill to the first write any client has acknowledged after it (ignoring acknowledgements within 20 ms of the kill, which the old leader may have committed); client-visible errors are the requests that failed from the kill until the killed node was back and the cluster whole again (the clients on the dead node's connections, and any request the cluster answered with an error); failed reconnects (a client trying the dead node again before moving on) are counted apart. Then the next kill.\n\n", failoverClients(r.Failover))

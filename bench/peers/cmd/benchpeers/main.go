@@ -506,56 +506,7 @@ func (r *report) markdown(w io.Writer) error {
 
 	p("## Throughput and latency\n\n")
 	p("ops/s over all clients; p50/p99 of one op (for lock-cycle, acquire + put + release; for contended, the wait too). The last columns are fencekv's ops/s over the peer's.\n\n")
-	p("| workload | clients |")
-	align := "| --- | ---: |"
-	for _, s := range r.Systems {
-		p(" %s ops/s | p50 | p99 |", s.Name)
-		align += " ---: | ---: | ---: |"
-	}
-	peers := r.peers()
-	for _, peer := range peers {
-		p(" fencekv/%s |", peer)
-		align += " ---: |"
-	}
-	p("\n%s\n", align)
-	var failures []string
-	for _, wl := range bench.Workloads {
-		for _, c := range []int{1, 16, 64, 2, 4, 8, 32, 128, 256} {
-			if !r.ran(wl, c) {
-				continue
-			}
-			p("| %s | %d |", wl, c)
-			for _, s := range r.Systems {
-				rr, ok := r.find(s.Name, wl, c)
-				if !ok {
-					p(" failed | | |")
-				} else {
-					mark := ""
-					if rr.Result.Errors > 0 {
-						mark = " (!)"
-					}
-					p(" %.0f%s | %s | %s |", rr.Result.OpsPerSec, mark, ms(rr.Result.Latency.P50), ms(rr.Result.Latency.P99))
-				}
-				for _, rr := range r.Runs {
-					if rr.System == s.Name && rr.Result.Workload == wl && rr.Result.Clients == c && (rr.Error != "" || rr.Result.Errors > 0) {
-						failures = append(failures, fmt.Sprintf("%s, %s, %d clients, round %d: %d errors; %s %s", s.Name, wl, c, rr.Round, rr.Result.Errors, rr.Error, rr.Result.FirstError))
-					}
-				}
-			}
-			for _, peer := range peers {
-				p(" %s |", r.ratioText(peer, wl, c))
-			}
-			p("\n")
-		}
-	}
-	p("\n")
-	if len(failures) > 0 {
-		p("Errors (runs marked (!) or failed):\n\n")
-		for _, f := range failures {
-			p("- %s\n", f)
-		}
-		p("\n")
-	}
+	r.throughputTable(p, []int{1, 16, 64, 2, 4, 8, 32, 128, 256}, r.peers())
 
 	if r.has("fencekv") {
 		p("fencekv's group commit: commands applied per transaction (so per fsync), over the whole run of the median cell, warm-up included; gets are not commands.\n\n")
@@ -862,4 +813,59 @@ func ports(args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintln(stdout, strings.Join(ps, " "))
 	return 0
+}
+
+// throughputTable writes the table of every workload and client count that
+// ran (in the order of clients): each system's ops/s, p50 and p99, then
+// fencekv's ops/s over each peer's; and the runs that failed or had errors.
+func (r *report) throughputTable(p func(string, ...any), clients []int, peers []string) {
+	p("| workload | clients |")
+	align := "| --- | ---: |"
+	for _, s := range r.Systems {
+		p(" %s ops/s | p50 | p99 |", s.Name)
+		align += " ---: | ---: | ---: |"
+	}
+	for _, peer := range peers {
+		p(" fencekv/%s |", peer)
+		align += " ---: |"
+	}
+	p("\n%s\n", align)
+	var failures []string
+	for _, wl := range bench.Workloads {
+		for _, c := range clients {
+			if !r.ran(wl, c) {
+				continue
+			}
+			p("| %s | %d |", wl, c)
+			for _, s := range r.Systems {
+				rr, ok := r.find(s.Name, wl, c)
+				if !ok {
+					p(" failed | | |")
+				} else {
+					mark := ""
+					if rr.Result.Errors > 0 {
+						mark = " (!)"
+					}
+					p(" %.0f%s | %s | %s |", rr.Result.OpsPerSec, mark, ms(rr.Result.Latency.P50), ms(rr.Result.Latency.P99))
+				}
+				for _, rr := range r.Runs {
+					if rr.System == s.Name && rr.Result.Workload == wl && rr.Result.Clients == c && (rr.Error != "" || rr.Result.Errors > 0) {
+						failures = append(failures, fmt.Sprintf("%s, %s, %d clients, round %d: %d errors; %s %s", s.Name, wl, c, rr.Round, rr.Result.Errors, rr.Error, rr.Result.FirstError))
+					}
+				}
+			}
+			for _, peer := range peers {
+				p(" %s |", r.ratioText(peer, wl, c))
+			}
+			p("\n")
+		}
+	}
+	p("\n")
+	if len(failures) > 0 {
+		p("Errors (runs marked (!) or failed):\n\n")
+		for _, f := range failures {
+			p("- %s\n", f)
+		}
+		p("\n")
+	}
 }
