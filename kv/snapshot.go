@@ -1,10 +1,8 @@
 package kv
 
 import (
-	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash/fnv"
 	"io"
 	"os"
 	"path/filepath"
@@ -53,8 +51,9 @@ func (s *Snapshot) Close() error {
 }
 
 // Restore replaces the data file at path with the snapshot read from r. It
-// writes a temporary file beside it, syncs it, checks that it is a data
-// file of this schema, and only then renames it into place, so a
+// writes a temporary file beside it, syncs it, checks it as Open does
+// (every page walked before bbolt maps it, the schema), and only then
+// renames it into place, so a
 // truncated or foreign stream leaves the old file as it was. The file must
 // not be open.
 func Restore(path string, r io.Reader) error {
@@ -69,9 +68,6 @@ func Restore(path string, r io.Reader) error {
 	}
 	if cerr := f.Close(); err == nil {
 		err = cerr
-	}
-	if err == nil {
-		err = checkSize(tmp)
 	}
 	if err == nil {
 		var st *Store
@@ -96,61 +92,4 @@ func syncDir(dir string) error {
 	}
 	defer d.Close()
 	return d.Sync()
-}
-
-// checkSize reads the file's meta pages as bbolt lays them out and checks
-// that the file holds every page the newer valid one counts. bbolt maps
-// the file into memory and would fault, not fail, on a page past its end,
-// so a truncated copy must be refused before it opens it.
-func checkSize(path string) error {
-	f, err := os.Open(path)
-	if err != nil {
-		return err
-	}
-	defer f.Close()
-	fi, err := f.Stat()
-	if err != nil {
-		return err
-	}
-	const (
-		pageHeader = 16
-		metaLen    = 64 // magic, version, page size, flags, root (16), freelist, pgid, txid, checksum
-		magic      = 0xED0CDAED
-	)
-	var best struct {
-		txid, pgid uint64
-		pageSize   uint32
-		ok         bool
-	}
-	buf := make([]byte, pageHeader+metaLen)
-	pageSize := int64(os.Getpagesize())
-	for i := int64(0); i < 2; i++ {
-		if _, err := f.ReadAt(buf, i*pageSize); err != nil {
-			continue
-		}
-		m := buf[pageHeader:]
-		if binary.NativeEndian.Uint32(m[0:]) != magic {
-			continue
-		}
-		h := fnv.New64a()
-		h.Write(m[:metaLen-8])
-		if h.Sum64() != binary.NativeEndian.Uint64(m[metaLen-8:]) {
-			continue
-		}
-		ps := binary.NativeEndian.Uint32(m[8:])
-		if i == 0 {
-			pageSize = int64(ps)
-		}
-		txid := binary.NativeEndian.Uint64(m[48:])
-		if !best.ok || txid > best.txid {
-			best.txid, best.pgid, best.pageSize, best.ok = txid, binary.NativeEndian.Uint64(m[40:]), ps, true
-		}
-	}
-	switch {
-	case !best.ok:
-		return errors.New("not a fencekv data file (no valid bbolt meta page)")
-	case int64(best.pgid)*int64(best.pageSize) > fi.Size():
-		return fmt.Errorf("the file is cut short: %d bytes, its meta page counts %d pages of %d", fi.Size(), best.pgid, best.pageSize)
-	}
-	return nil
 }
