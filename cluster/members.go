@@ -7,6 +7,7 @@ import (
 	"net"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -234,7 +235,7 @@ func (n *Node) bootstrapLoop() {
 		if len(servers) < n.cfg.BootstrapExpect {
 			continue
 		}
-		slices.SortFunc(servers, func(a, b raft.Server) int { return cmpString(string(a.ID), string(b.ID)) })
+		slices.SortFunc(servers, func(a, b raft.Server) int { return strings.Compare(string(a.ID), string(b.ID)) })
 		err := n.raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error()
 		if err != nil && err != raft.ErrCantBootstrap {
 			n.log.Error("bootstrap", "err", err)
@@ -249,16 +250,6 @@ func (n *Node) bootstrapLoop() {
 		}
 		return
 	}
-}
-
-func cmpString(a, b string) int {
-	switch {
-	case a < b:
-		return -1
-	case a > b:
-		return 1
-	}
-	return 0
 }
 
 // reconcileLoop runs on the leader: it adds the servers gossip sees and
@@ -380,7 +371,7 @@ func (n *Node) Members(ctx context.Context) ([]fencekv.Member, error) {
 			}
 		}
 	}
-	slices.SortFunc(out, func(a, b fencekv.Member) int { return cmpString(a.Node, b.Node) })
+	slices.SortFunc(out, func(a, b fencekv.Member) int { return strings.Compare(a.Node, b.Node) })
 	return out, nil
 }
 
