@@ -39,39 +39,29 @@ func (c *Client) Members(ctx context.Context) ([]fencekv.Member, error) {
 			if k != "members" {
 				return dec.Skip()
 			}
-			n, err := dec.DecodeArrayLen()
-			if err != nil {
-				return err
-			}
-			ms = make([]fencekv.Member, max(n, 0))
-			for i := range ms {
-				m := &ms[i]
-				err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-					switch k {
-					case "node":
-						m.Node, err = dec.DecodeString()
-					case "client_addr":
-						m.ClientAddr, err = dec.DecodeString()
-					case "raft_addr":
-						m.RaftAddr, err = dec.DecodeString()
-					case "gossip_addr":
-						m.GossipAddr, err = dec.DecodeString()
-					case "state":
-						m.State, err = dec.DecodeString()
-					case "voter":
-						m.Voter, err = dec.DecodeBool()
-					case "raft_role":
-						m.RaftRole, err = dec.DecodeString()
-					default:
-						err = dec.Skip()
-					}
-					return err
-				})
-				if err != nil {
-					return err
+			var err error
+			ms, err = decodeList(dec, func(m *fencekv.Member, dec *msgpack.Decoder, k string) (err error) {
+				switch k {
+				case "node":
+					m.Node, err = dec.DecodeString()
+				case "client_addr":
+					m.ClientAddr, err = dec.DecodeString()
+				case "raft_addr":
+					m.RaftAddr, err = dec.DecodeString()
+				case "gossip_addr":
+					m.GossipAddr, err = dec.DecodeString()
+				case "state":
+					m.State, err = dec.DecodeString()
+				case "voter":
+					m.Voter, err = dec.DecodeBool()
+				case "raft_role":
+					m.RaftRole, err = dec.DecodeString()
+				default:
+					err = dec.Skip()
 				}
-			}
-			return nil
+				return err
+			})
+			return err
 		})
 	})
 	return ms, err
@@ -106,53 +96,43 @@ func (c *Client) Refusals(ctx context.Context, since uint64, limit int) ([]fence
 				default:
 					return dec.Skip()
 				}
-				n, err := dec.DecodeArrayLen()
-				if err != nil {
-					return err
-				}
-				out = make([]fencekv.Refusal, max(n, 0))
-				for i := range out {
-					r := &out[i]
-					err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-						switch k {
-						case "seq":
-							err = decodeTo(dec, &r.Seq)
-						case "time_ms":
-							var ms int64
-							ms, err = dec.DecodeInt64()
-							r.Time = time.UnixMilli(ms)
-						case "code":
-							var s string
-							s, err = dec.DecodeString()
-							r.Code = fencekv.Code(s)
-						case "op":
-							r.Op, err = dec.DecodeString()
-						case "key":
-							r.Key, err = dec.DecodeBytes()
-						case "lock":
-							r.Lock, err = dec.DecodeString()
-						case "token":
-							err = decodeTo(dec, (*uint64)(&r.Token))
-						case "fence":
-							err = decodeTo(dec, (*uint64)(&r.Fence))
-						case "holder_token":
-							err = decodeTo(dec, (*uint64)(&r.Holder))
-						case "granted_lock":
-							r.GrantedLock, err = dec.DecodeString()
-						case "granted_holder":
-							r.GrantedHolder, err = dec.DecodeString()
-						case "client":
-							r.Client, err = dec.DecodeString()
-						default:
-							err = dec.Skip()
-						}
-						return err
-					})
-					if err != nil {
-						return err
+				var err error
+				out, err = decodeList(dec, func(r *fencekv.Refusal, dec *msgpack.Decoder, k string) (err error) {
+					switch k {
+					case "seq":
+						err = decodeTo(dec, &r.Seq)
+					case "time_ms":
+						var ms int64
+						ms, err = dec.DecodeInt64()
+						r.Time = time.UnixMilli(ms)
+					case "code":
+						var s string
+						s, err = dec.DecodeString()
+						r.Code = fencekv.Code(s)
+					case "op":
+						r.Op, err = dec.DecodeString()
+					case "key":
+						r.Key, err = dec.DecodeBytes()
+					case "lock":
+						r.Lock, err = dec.DecodeString()
+					case "token":
+						err = decodeTo(dec, (*uint64)(&r.Token))
+					case "fence":
+						err = decodeTo(dec, (*uint64)(&r.Fence))
+					case "holder_token":
+						err = decodeTo(dec, (*uint64)(&r.Holder))
+					case "granted_lock":
+						r.GrantedLock, err = dec.DecodeString()
+					case "granted_holder":
+						r.GrantedHolder, err = dec.DecodeString()
+					case "client":
+						r.Client, err = dec.DecodeString()
+					default:
+						err = dec.Skip()
 					}
-				}
-				return nil
+					return err
+				})
+				return err
 			})
 		})
 	return out, last, err
@@ -193,37 +173,44 @@ func (c *Client) Txn(ctx context.Context, compares []fencekv.Compare, ops []fenc
 				default:
 					return dec.Skip()
 				}
-				n, err := dec.DecodeArrayLen()
-				if err != nil {
-					return err
-				}
-				rs = make([]fencekv.TxnResult, max(n, 0))
-				for i := range rs {
-					r := &rs[i]
-					err := eachField(dec, func(dec *msgpack.Decoder, k string) (err error) {
-						switch k {
-						case "key":
-							r.Key, err = dec.DecodeBytes()
-						case "fence":
-							err = decodeTo(dec, (*uint64)(&r.Fence))
-						case "revision":
-							err = decodeTo(dec, (*uint64)(&r.Revision))
-						case "value":
-							r.Int, err = dec.DecodeInt64()
-						default:
-							err = dec.Skip()
-						}
-						return err
-					})
-					if err != nil {
-						return err
+				var err error
+				rs, err = decodeList(dec, func(r *fencekv.TxnResult, dec *msgpack.Decoder, k string) (err error) {
+					switch k {
+					case "key":
+						r.Key, err = dec.DecodeBytes()
+					case "fence":
+						err = decodeTo(dec, (*uint64)(&r.Fence))
+					case "revision":
+						err = decodeTo(dec, (*uint64)(&r.Revision))
+					case "value":
+						r.Int, err = dec.DecodeInt64()
+					default:
+						err = dec.Skip()
 					}
-				}
-				return nil
+					return err
+				})
+				return err
 			})
 		})
 	if err != nil {
 		return 0, nil, err
 	}
 	return rev, rs, nil
+}
+
+// decodeList reads an array of maps into a new slice: field reads the
+// value of key k of one map into its element (and must consume it).
+func decodeList[T any](dec *msgpack.Decoder, field func(e *T, dec *msgpack.Decoder, k string) error) ([]T, error) {
+	n, err := dec.DecodeArrayLen()
+	if err != nil {
+		return nil, err
+	}
+	out := make([]T, max(n, 0))
+	for i := range out {
+		err := eachField(dec, func(dec *msgpack.Decoder, k string) error { return field(&out[i], dec, k) })
+		if err != nil {
+			return nil, err
+		}
+	}
+	return out, nil
 }
