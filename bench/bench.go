@@ -89,6 +89,12 @@ type Config struct {
 
 	// Progress, if not nil, receives a status line once a second.
 	Progress io.Writer
+
+	// OnMeasure, if not nil, is called as the measured window opens; the
+	// func it returns, if not nil, is called as the window closes, before
+	// the clients finish their last ops. benchpeers reads each server's
+	// CPU time there.
+	OnMeasure func() (closed func())
 }
 
 // DefaultConfig returns the defaults of 'fencekv bench'.
@@ -376,11 +382,18 @@ func (r *run) drive(ctx context.Context, ws []*worker) (time.Duration, bool) {
 		}
 	}
 	sleep(r.cfg.Warmup)
+	var closed func()
+	if r.cfg.OnMeasure != nil {
+		closed = r.cfg.OnMeasure()
+	}
 	start := time.Now()
 	r.phase.Store(phaseMeasure)
 	sleep(r.cfg.Duration)
 	r.phase.Store(phaseStop)
 	elapsed := time.Since(start)
+	if closed != nil {
+		closed()
+	}
 	wg.Wait() // each client finishes its op in flight (a queued acquire, too)
 	stopProgress()
 	return elapsed, interrupted

@@ -57,6 +57,35 @@ func TestWorkloads(t *testing.T) {
 	}
 }
 
+// TestOnMeasureBracketsTheWindow: the hook benchpeers reads server CPU time
+// with opens once, after the warm-up, and closes once, after the window.
+func TestOnMeasureBracketsTheWindow(t *testing.T) {
+	addr := serve(t)
+	cfg := bench.DefaultConfig()
+	cfg.Clients = 2
+	cfg.Warmup = 100 * time.Millisecond
+	cfg.Duration = 200 * time.Millisecond
+	var began, opened, closed time.Time
+	opens, closes := 0, 0
+	cfg.OnMeasure = func() func() {
+		opens++
+		opened = time.Now()
+		return func() { closes++; closed = time.Now() }
+	}
+	began = time.Now()
+	res, err := bench.Run(context.Background(), bench.DialFencekv(addr), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if opens != 1 || closes != 1 {
+		t.Fatalf("opened %d times, closed %d times; want once each", opens, closes)
+	}
+	if opened.Sub(began) < cfg.Warmup || closed.Sub(opened) < cfg.Duration || closed.Sub(opened) > res.Elapsed+time.Second {
+		t.Errorf("window opened %v after the start and lasted %v; want after the %v warm-up and about %v (elapsed %v)",
+			opened.Sub(began), closed.Sub(opened), cfg.Warmup, cfg.Duration, res.Elapsed)
+	}
+}
+
 func TestRunStopsOnCancel(t *testing.T) {
 	addr := serve(t)
 	cfg := bench.DefaultConfig()

@@ -12,11 +12,16 @@
 # (it kills and restarts their leaders for the failover measurement and
 # stops every node by PID), whose section is appended to the report.
 #
+# benchpeers is given each server's PID and measures its CPU time per
+# request over every run's measured window.
+#
 # Environment: FENCEKV (the binary, default bin/fencekv), BENCHPEERS (default
 # bin/benchpeers), GO (go), DURATION (5s), WARMUP (1s), ROUNDS (1: how many
 # times to run the whole matrix; the report shows medians), CLIENTS
 # (1,16,64), WORKLOADS (all), OUT (bench/RESULTS.md), JSON (bench/RESULTS.json),
 # SINGLE (1; 0 skips the single-node run and rebuilds its tables from JSON),
+# ETCD (1; 0 leaves etcd out of the single-node run: fencekv against Redis
+# only, quicker while working on single-node speed),
 # CLUSTER (1; 0 skips the 3-node comparison), CLUSTER_WORKLOADS
 # (fenced-put,lock-cycle,contended,get), KILLS (5 leader kills per system),
 # CLUSTER_JSON (bench/RESULTS-cluster.json).
@@ -34,6 +39,7 @@ OUT=${OUT:-$root/bench/RESULTS.md}
 JSON=${JSON:-$root/bench/RESULTS.json}
 SINGLE=${SINGLE:-1}
 CLUSTER=${CLUSTER:-1}
+ETCD=${ETCD:-1}
 CLUSTER_WORKLOADS=${CLUSTER_WORKLOADS:-fenced-put,lock-cycle,contended,get}
 KILLS=${KILLS:-5}
 CLUSTER_JSON=${CLUSTER_JSON:-$root/bench/RESULTS-cluster.json}
@@ -67,6 +73,7 @@ install_peers() {
 	fi
 }
 install_peers
+etcd_version=$(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p')
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/fencekv-bench.XXXXXX")
 pids=()
@@ -127,36 +134,40 @@ single_node() {
 
 	start fencekv "$FENCEKV" serve --data "$tmp/fencekv" --listen "127.0.0.1:$fport" --http "" --log-level warn
 	await fencekv "$fport"
+	fpid=$last_pid
 
-	start etcd etcd --name bench --data-dir "$tmp/etcd" \
-		--listen-client-urls "http://127.0.0.1:$eport" --advertise-client-urls "http://127.0.0.1:$eport" \
-		--listen-peer-urls "http://127.0.0.1:$epeer" --initial-advertise-peer-urls "http://127.0.0.1:$epeer" \
-		--initial-cluster "bench=http://127.0.0.1:$epeer" --initial-cluster-state new
-	await etcd "$eport"
+	local etcd_args=()
+	if [ "$ETCD" = 1 ]; then
+		start etcd etcd --name bench --data-dir "$tmp/etcd" \
+			--listen-client-urls "http://127.0.0.1:$eport" --advertise-client-urls "http://127.0.0.1:$eport" \
+			--listen-peer-urls "http://127.0.0.1:$epeer" --initial-advertise-peer-urls "http://127.0.0.1:$epeer" \
+			--initial-cluster "bench=http://127.0.0.1:$epeer" --initial-cluster-state new
+		await etcd "$eport"
+		etcd_args=(--etcd "http://127.0.0.1:$eport" --etcd-version "$etcd_version" --etcd-pid "$last_pid")
+	fi
 
 	start redis redis-server --port "$rport" --bind 127.0.0.1 --dir "$tmp/redis" \
 		--appendonly yes --appendfsync always --save "" --daemonize no --logfile ""
 	await redis "$rport"
+	rpid=$last_pid
 
-	etcd_version=$(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p')
 	redis_version=$(redis-server --version | sed -n 's/.* v=\([^ ]*\).*/\1/p')
 
 	say "checking the peer drivers' fencing semantics against these servers"
-	(cd "$root/bench/peers" && BENCH_ETCD="http://127.0.0.1:$eport" BENCH_REDIS="127.0.0.1:$rport" \
+	(cd "$root/bench/peers" && BENCH_ETCD="$([ "$ETCD" = 1 ] && echo "http://127.0.0.1:$eport")" BENCH_REDIS="127.0.0.1:$rport" \
 		"${GO:-go}" test -count=1 ./... >&2)
 
 	say "running benchpeers (this takes a few minutes)"
 	"$BENCHPEERS" \
-		--fencekv "127.0.0.1:$fport" \
-		--etcd "http://127.0.0.1:$eport" --etcd-version "$etcd_version" \
-		--redis "127.0.0.1:$rport" --redis-version "$redis_version" \
+		--fencekv "127.0.0.1:$fport" --fencekv-pid "$fpid" \
+		"${etcd_args[@]}" \
+		--redis "127.0.0.1:$rport" --redis-version "$redis_version" --redis-pid "$rpid" \
 		--data-dir "$tmp" --duration "$DURATION" --warmup "$WARMUP" --rounds "$ROUNDS" \
 		--clients "$CLIENTS" --workloads "$WORKLOADS" \
 		--out "$OUT" --json "$JSON"
 	say "wrote $OUT and $JSON"
 }
 
-etcd_version=$(etcd --version 2>/dev/null | sed -n 's/^etcd Version: //p')
 if [ "$SINGLE" = 1 ]; then
 	single_node
 else
