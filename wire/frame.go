@@ -101,67 +101,165 @@ func (f *frameReader) next() ([]byte, error) {
 // size reads the length part of the header that starts with c and returns
 // how many body bytes follow and how many child objects.
 func (f *frameReader) size(c byte) (body, children int, err error) {
+	h, err := header(c)
+	if err != nil || h.width == 0 {
+		return h.body, h.children, err
+	}
+	n, err := f.length(int(h.width))
+	body, children = h.counts(n)
+	return body, children, err
+}
+
+// hdr is what a msgpack header byte says of its object: the body bytes
+// and child objects that follow it, and, for the types whose length comes
+// after the header byte, that length field's width and what it counts.
+type hdr struct {
+	body, children int   // fixed sizes, when width is 0
+	width          uint8 // bytes of the big-endian length field after the header byte: 0, 1, 2 or 4
+	kind           uint8 // what the length counts: lenBody, lenChildren, lenPairs or lenExt
+}
+
+const (
+	lenBody     = iota // body bytes (str, bin)
+	lenChildren        // child objects (array)
+	lenPairs           // key-value pairs, two objects each (map)
+	lenExt             // body bytes after a type byte (ext)
+)
+
+// counts turns the length n read after the header into body bytes and
+// child objects.
+func (h hdr) counts(n int) (body, children int) {
+	switch h.kind {
+	case lenChildren:
+		return 0, n
+	case lenPairs:
+		return 0, 2 * n
+	case lenExt:
+		return n + 1, 0
+	}
+	return n, 0
+}
+
+// header describes the object that starts with header byte c.
+func header(c byte) (hdr, error) {
 	switch {
 	case msgpcode.IsFixedNum(c), c == msgpcode.Nil, c == msgpcode.True, c == msgpcode.False:
-		return 0, 0, nil
+		return hdr{}, nil
 	case msgpcode.IsFixedMap(c):
-		return 0, 2 * int(c&msgpcode.FixedMapMask), nil
+		return hdr{children: 2 * int(c&msgpcode.FixedMapMask)}, nil
 	case msgpcode.IsFixedArray(c):
-		return 0, int(c & msgpcode.FixedArrayMask), nil
+		return hdr{children: int(c & msgpcode.FixedArrayMask)}, nil
 	case msgpcode.IsFixedString(c):
-		return int(c & msgpcode.FixedStrMask), 0, nil
+		return hdr{body: int(c & msgpcode.FixedStrMask)}, nil
 	}
 	switch c {
 	case msgpcode.Uint8, msgpcode.Int8:
-		return 1, 0, nil
+		return hdr{body: 1}, nil
 	case msgpcode.Uint16, msgpcode.Int16:
-		return 2, 0, nil
+		return hdr{body: 2}, nil
 	case msgpcode.Uint32, msgpcode.Int32, msgpcode.Float:
-		return 4, 0, nil
+		return hdr{body: 4}, nil
 	case msgpcode.Uint64, msgpcode.Int64, msgpcode.Double:
-		return 8, 0, nil
+		return hdr{body: 8}, nil
 	case msgpcode.Str8, msgpcode.Bin8:
-		n, err := f.length(1)
-		return n, 0, err
+		return hdr{width: 1, kind: lenBody}, nil
 	case msgpcode.Str16, msgpcode.Bin16:
-		n, err := f.length(2)
-		return n, 0, err
+		return hdr{width: 2, kind: lenBody}, nil
 	case msgpcode.Str32, msgpcode.Bin32:
-		n, err := f.length(4)
-		return n, 0, err
+		return hdr{width: 4, kind: lenBody}, nil
 	case msgpcode.Array16:
-		n, err := f.length(2)
-		return 0, n, err
+		return hdr{width: 2, kind: lenChildren}, nil
 	case msgpcode.Array32:
-		n, err := f.length(4)
-		return 0, n, err
+		return hdr{width: 4, kind: lenChildren}, nil
 	case msgpcode.Map16:
-		n, err := f.length(2)
-		return 0, 2 * n, err
+		return hdr{width: 2, kind: lenPairs}, nil
 	case msgpcode.Map32:
-		n, err := f.length(4)
-		return 0, 2 * n, err
+		return hdr{width: 4, kind: lenPairs}, nil
 	case msgpcode.FixExt1:
-		return 2, 0, nil
+		return hdr{body: 2}, nil
 	case msgpcode.FixExt2:
-		return 3, 0, nil
+		return hdr{body: 3}, nil
 	case msgpcode.FixExt4:
-		return 5, 0, nil
+		return hdr{body: 5}, nil
 	case msgpcode.FixExt8:
-		return 9, 0, nil
+		return hdr{body: 9}, nil
 	case msgpcode.FixExt16:
-		return 17, 0, nil
+		return hdr{body: 17}, nil
 	case msgpcode.Ext8:
-		n, err := f.length(1)
-		return n + 1, 0, err
+		return hdr{width: 1, kind: lenExt}, nil
 	case msgpcode.Ext16:
-		n, err := f.length(2)
-		return n + 1, 0, err
+		return hdr{width: 2, kind: lenExt}, nil
 	case msgpcode.Ext32:
-		n, err := f.length(4)
-		return n + 1, 0, err
+		return hdr{width: 4, kind: lenExt}, nil
 	}
-	return 0, 0, fmt.Errorf("invalid msgpack code 0x%02x", c)
+	return hdr{}, fmt.Errorf("invalid msgpack code 0x%02x", c)
+}
+
+// errShortFrame is returned by scanFrame when b holds only the start of a
+// message: more bytes must arrive.
+var errShortFrame = errors.New("incomplete message")
+
+// scanFrame finds the msgpack object at the start of b, with the rules of
+// frameReader.next: it returns the object's length, errShortFrame if b
+// ends before it does, errFrameTooLarge as soon as the object is known to
+// exceed max bytes (or b holds more than max bytes of it), errFrameDepth,
+// or the error of an invalid header byte. The event loop frames with it
+// the bytes that one read brought.
+func scanFrame(b []byte, max int) (int, error) {
+	var stack [maxDepth + 1]int
+	depth := 0
+	stack[0] = 1
+	off := 0
+	for {
+		for depth >= 0 && stack[depth] == 0 {
+			depth--
+		}
+		if depth < 0 {
+			return off, nil
+		}
+		stack[depth]--
+		if off >= len(b) {
+			if off >= max {
+				return 0, errFrameTooLarge
+			}
+			return 0, errShortFrame
+		}
+		h, err := header(b[off])
+		if err != nil {
+			return 0, err
+		}
+		off++
+		body, children := h.body, h.children
+		if h.width > 0 {
+			w := int(h.width)
+			if off+w > len(b) {
+				if off+w > max {
+					return 0, errFrameTooLarge
+				}
+				return 0, errShortFrame
+			}
+			n := 0
+			for _, x := range b[off : off+w] {
+				n = n<<8 | int(x)
+			}
+			off += w
+			body, children = h.counts(n)
+		}
+		if off+body > max {
+			return 0, errFrameTooLarge
+		}
+		off += body
+		if off > len(b) {
+			return 0, errShortFrame
+		}
+		if children > 0 {
+			if depth == maxDepth {
+				return 0, errFrameDepth
+			}
+			depth++
+			stack[depth] = children
+		}
+	}
 }
 
 // length reads a big-endian length of w bytes.

@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"errors"
 	"io"
+	"math/rand/v2"
 	"strings"
 	"testing"
 	"testing/iotest"
@@ -299,5 +300,64 @@ func TestFrameReaderGrowsAsBytesArrive(t *testing.T) {
 	f.next()
 	if n := testing.AllocsPerRun(100, func() { f.next() }); n != 0 {
 		t.Fatalf("%v allocations per small message; want 0", n)
+	}
+}
+
+// TestScanFrameAgreesWithFrameReader: the event loop's framing of bytes in
+// memory cuts the same messages as the streaming reader, refuses the same
+// ones, and asks for more bytes on every proper prefix of a message.
+func TestScanFrameAgreesWithFrameReader(t *testing.T) {
+	msgs := everyType(t)
+	for i, m := range msgs {
+		n, err := scanFrame(append(bytes.Clone(m), 0xc0, 0xc0), 1<<20) // followed by the next messages
+		if err != nil || n != len(m) {
+			t.Fatalf("message %d (% x): scanFrame = %d, %v; want %d", i, head(m), n, err, len(m))
+		}
+		if len(m) > 4096 {
+			continue // the prefixes of the small ones cover every header
+		}
+		for k := range len(m) {
+			if n, err := scanFrame(m[:k], 1<<20); err != errShortFrame {
+				t.Fatalf("message %d, prefix of %d of %d bytes: scanFrame = %d, %v; want errShortFrame", i, k, len(m), n, err)
+			}
+		}
+	}
+	// Limits: the streaming reader and scanFrame refuse the same messages.
+	for i, m := range msgs {
+		for _, max := range []int{1, 3, 17, 300, 70000} {
+			_, ferr := newFrameReader(bytes.NewReader(m), max).next()
+			_, serr := scanFrame(m, max)
+			if (ferr == nil) != (serr == nil) || ferr != nil && !errors.Is(serr, ferr) && ferr.Error() != serr.Error() {
+				t.Fatalf("message %d (% x) with limit %d: frameReader %v, scanFrame %v", i, head(m), max, ferr, serr)
+			}
+		}
+	}
+	// Garbage and depth: the same verdict on random bytes.
+	rng := rand.New(rand.NewPCG(3, 4)) // fixed: a failure reproduces
+	for range 20000 {
+		b := make([]byte, rng.IntN(40))
+		for j := range b {
+			b[j] = byte(rng.IntN(256))
+		}
+		p, ferr := newFrameReader(bytes.NewReader(b), 64).next()
+		n, serr := scanFrame(b, 64)
+		switch {
+		case ferr == nil:
+			if serr != nil || n != len(p) {
+				t.Fatalf("% x: frameReader framed %d bytes, scanFrame %d, %v", b, len(p), n, serr)
+			}
+		case errors.Is(ferr, io.ErrUnexpectedEOF) || ferr == io.EOF:
+			if serr != errShortFrame && serr != errFrameTooLarge {
+				t.Fatalf("% x: frameReader wants more bytes (%v), scanFrame says %d, %v", b, ferr, n, serr)
+			}
+		default:
+			if serr == nil || serr.Error() != ferr.Error() {
+				t.Fatalf("% x: frameReader %v, scanFrame %d, %v", b, ferr, n, serr)
+			}
+		}
+	}
+	deep := bytes.Repeat([]byte{0x91}, maxDepth+1)
+	if _, err := scanFrame(append(deep, 0xc0), 1<<20); err != errFrameDepth {
+		t.Errorf("%d nested arrays: %v; want errFrameDepth", maxDepth+1, err)
 	}
 }
