@@ -208,11 +208,18 @@ func TestPipelineClientConcurrent(t *testing.T) {
 // TestPipelineInFlightLimitRaw pipelines past the in-flight limit: the
 // requests over it are refused with limit_exceeded at once, the others
 // answered, and the connection stays usable. Reads (ping, get, scan,
-// lock_info, locks, status), and writes that arrive with nothing behind them,
-// are served by the read loop itself and take no slot; an acquire that may
-// wait always takes one.
+// lock_info, locks, status) are served by the reader itself and take no
+// slot; so do writes that arrive with nothing behind them on a goroutine
+// connection, but not on the event loop, which never waits for a commit;
+// an acquire that may wait always takes one.
 func TestPipelineInFlightLimitRaw(t *testing.T) {
-	ts, holder, l := lockHeld(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2 })
+	for _, loop := range []bool{true, false} {
+		t.Run(fmt.Sprintf("event loop %v", loop), func(t *testing.T) { testPipelineInFlightLimitRaw(t, loop) })
+	}
+}
+
+func testPipelineInFlightLimitRaw(t *testing.T, loop bool) {
+	ts, holder, l := lockHeld(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2; cfg.EventLoop = loop })
 	ctx := context.Background()
 	raw := dialRaw(t, ts.Addr)
 	acq := []any{map[string]any{"lock": "L", "ttl_ms": 1000, "wait_ms": 60_000}}
@@ -225,13 +232,13 @@ func TestPipelineInFlightLimitRaw(t *testing.T) {
 			t.Fatalf("request %d over the limit: %+v; want limit_exceeded", want, p)
 		}
 	}
-	// Reads, and a write with nothing behind it, are still served while
-	// the slots are full.
+	// Reads, and on a goroutine connection a write with nothing behind
+	// it, are still served while the slots are full.
 	if p := raw.call(8, "ping"); p.err != nil {
 		t.Fatalf("ping with the slots full: %+v", p)
 	}
-	if p := raw.call(9, "put", map[string]any{"key": "k", "value": "v"}); p.err != nil {
-		t.Fatalf("a lone put with the slots full: %+v", p)
+	if p := raw.call(9, "put", map[string]any{"key": "k", "value": "v"}); loop && p.code() != "limit_exceeded" || !loop && p.err != nil {
+		t.Fatalf("a lone put with the slots full (event loop %v): %+v", loop, p)
 	}
 	// A notification over the limit is dropped without an answer. The
 	// refused acquire after it shows it was read while the slots were full.

@@ -78,6 +78,14 @@ type Config struct {
 	// Auth, if set, requires every connection to authenticate and checks
 	// each request against its principal's rights (auth.go).
 	Auth Authenticator
+
+	// EventLoop serves plain TCP connections to a *fencekv.DB from one
+	// event loop (epoll, on Linux) instead of a goroutine per connection:
+	// one read brings whatever a client sent, reads are answered by the
+	// loop itself, and only writes get a goroutine. It costs the server
+	// less CPU per request. TLS connections, other engines (a cluster
+	// node) and other systems always get a goroutine per connection.
+	EventLoop bool
 }
 
 // DefaultConfig returns the documented default limits.
@@ -88,6 +96,7 @@ func DefaultConfig() Config {
 		MaxInFlight:     1024,
 		MaxPendingBytes: 4 << 20,
 		WriteTimeout:    30 * time.Second,
+		EventLoop:       true,
 	}
 }
 
@@ -112,6 +121,9 @@ type Server struct {
 	connWG sync.WaitGroup // one per connection
 
 	tlsLog, authLog logLimiter // refused handshakes and failed auth calls, logged once per host per burst
+
+	loop       *eventLoop // with Config.EventLoop, once the first connection comes (loop_linux.go)
+	loopBroken bool       // the event loop could not start: goroutines serve every connection
 }
 
 // NewServer returns a server for eng.
@@ -267,6 +279,10 @@ func (s *Server) accept(nc net.Conn) {
 	c := newConn(s, nc)
 	s.conns[c] = struct{}{}
 	s.connWG.Add(1)
+	if s.looped(c) { // loop_linux.go: the event loop serves it
+		s.mu.Unlock()
+		return
+	}
 	s.mu.Unlock()
 	go c.serve()
 }
@@ -299,6 +315,9 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for c := range s.conns {
 		c.stopReading()
 	}
+	if s.loop != nil {
+		s.loop.close()
+	}
 	s.mu.Unlock()
 	s.cancel()
 	done := make(chan struct{})
@@ -326,6 +345,9 @@ func (s *Server) Close() error {
 	}
 	for c := range s.conns {
 		c.nc.Close()
+	}
+	if s.loop != nil {
+		s.loop.close()
 	}
 	s.mu.Unlock()
 	s.cancel()
@@ -390,6 +412,17 @@ type conn struct {
 	pending  atomic.Int64 // cost of the answers queued or being written and of the requests in flight
 
 	bk connBackup // the backup this connection reads, if any (backup.go)
+
+	// An event loop connection's (loop_linux.go): raw is its socket (and
+	// nc), read by the loop, which holds rmu while it serves the
+	// connection; in is the bytes read and not yet served (a message cut
+	// by the end of a read, or messages held back by the budget); ended
+	// is set, under rmu, once the loop reads no more.
+	raw    *rawConn
+	rmu    sync.Mutex
+	in     []byte
+	ended  bool
+	paused atomic.Bool // the loop reads c no more until wake resumes it (set and cleared under wmu)
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -416,6 +449,10 @@ func newConn(s *Server, nc net.Conn) *conn {
 // stopReading makes the read loop end at its next read, or now if it waits
 // for room. Called with s.mu held.
 func (c *conn) stopReading() {
+	if c.raw != nil {
+		c.s.loop.stop(c) // loop_linux.go
+		return
+	}
 	c.nc.SetReadDeadline(time.Now())
 	c.wmu.Lock()
 	c.stopping = true
@@ -436,22 +473,31 @@ func putEncoder(e *encoder) {
 }
 
 func (c *conn) serve() {
-	defer c.s.forget(c)
 	if !c.handshake() { // tls.go
 		c.cancel()
 		c.nc.Close()
+		c.s.forget(c)
 		return
 	}
 	c.readLoop()
-	// No more requests will come: end this connection's blocked acquires
-	// now (their callers are gone, or the server is shutting down), so
-	// that no grant goes to a waiter nobody will release. Other requests
-	// in flight still finish.
+	c.end()
+}
+
+// end ends a connection once it reads no more requests: it ends the
+// connection's blocked acquires now (their callers are gone, or the
+// server is shutting down), so that no grant goes to a waiter nobody will
+// release; waits for the other requests in flight, whose answers are
+// written and flushed; then closes the connection.
+func (c *conn) end() {
+	defer c.s.forget(c)
 	c.cancel()
-	// Wait for the handlers; their responses are written and flushed.
 	c.handlers.Wait()
 	c.closeWatches()
 	c.bk.release()
+	if c.raw != nil {
+		c.releaseRaw() // loop_linux.go
+		return
+	}
 	c.nc.Close()
 }
 
@@ -475,65 +521,76 @@ func (c *conn) readLoop() {
 			return
 		}
 		last = len(frame)
-		m, hasID, err := parseMessage(dec, frame)
-		if err != nil {
-			if !hasID {
-				c.s.log.Debug("closing connection after malformed message", "remote", c.nc.RemoteAddr(), "err", err)
-				return
-			}
-			c.reply(m.msgid, nil, asError(err))
-			continue
-		}
-		// The args own their bytes: the frame buffer can be reused.
-		var a args
-		if err := parseArgs(dec, m.params, &a); err != nil {
-			if m.typ == typeRequest {
-				c.reply(m.msgid, nil, asError(err))
-			}
-			c.observe(m.method, fencekv.CodeBadRequest)
-			continue
-		}
 		// Serve a request here, without a goroutine or an in-flight slot,
 		// when that holds up nothing: reads (microseconds to a
 		// millisecond), and writes when the client has sent nothing more
 		// yet (a client waiting for this answer; a pipelining client gets
 		// its writes served concurrently, so they share commits). Never
-		// an acquire that may wait for the lock. Reads, whose answers
-		// can be large (a scan page, a value), are always served here,
-		// as requests or notifications: so one at a time per connection,
-		// each after waitRoom, and a client that does not read its
-		// answers holds at most the budget and one such answer, plus the
-		// small answers of the requests in flight.
-		if readOnly[m.method] || m.typ == typeRequest &&
-			fr.idle() && !(m.method == "acquire" && a.waitMs > 0) {
-			c.handlers.Add(1)
-			c.handle(m, &a)
-			continue
+		// an acquire that may wait for the lock.
+		if !c.dispatch(dec, frame, fr.idle()) {
+			return
 		}
-		select {
-		case c.slots <- struct{}{}:
-			m.slot = true
-		default:
-			if m.typ == typeRequest {
-				c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded,
-					Message: fmt.Sprintf("too many requests in flight on this connection (limit %d)", c.s.cfg.MaxInFlight)})
-			}
-			c.observe(m.method, fencekv.CodeLimitExceeded)
-			continue
-		}
-		m.params = nil // parsed into a; the frame buffer is reused
-		// A request in flight holds its arguments (a put's value) until
-		// it is applied: they count against the budget like unsent
-		// answers, until its answer replaces them. Not an acquire's,
-		// which are small and may wait for a release that this
-		// connection has yet to send.
-		if m.method != "acquire" {
-			m.held = a.size()
-			c.pending.Add(m.held)
-		}
-		c.handlers.Add(1)
-		go c.handle(m, &a)
 	}
+}
+
+// dispatch parses one message and serves it, or starts a handler for it.
+// idle allows serving a write on the calling goroutine (it may wait for a
+// commit): the goroutine read loop passes it when the client has sent
+// nothing more; the event loop never does. Reads, whose answers can be
+// large (a scan page, a value), are always served by the caller, as
+// requests or notifications: so one at a time per connection, each after
+// the budget check, and a client that does not read its answers holds at
+// most the budget and one such answer, plus the small answers of the
+// requests in flight. dispatch returns false when the connection must be
+// closed (a message too malformed to answer).
+func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool) bool {
+	m, hasID, err := parseMessage(dec, frame)
+	if err != nil {
+		if !hasID {
+			c.s.log.Debug("closing connection after malformed message", "remote", c.nc.RemoteAddr(), "err", err)
+			return false
+		}
+		c.reply(m.msgid, nil, asError(err))
+		return true
+	}
+	// The args own their bytes: the frame buffer can be reused.
+	var a args
+	if err := parseArgs(dec, m.params, &a); err != nil {
+		if m.typ == typeRequest {
+			c.reply(m.msgid, nil, asError(err))
+		}
+		c.observe(m.method, fencekv.CodeBadRequest)
+		return true
+	}
+	if readOnly[m.method] || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
+		c.handlers.Add(1)
+		c.handle(m, &a)
+		return true
+	}
+	select {
+	case c.slots <- struct{}{}:
+		m.slot = true
+	default:
+		if m.typ == typeRequest {
+			c.reply(m.msgid, nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded,
+				Message: fmt.Sprintf("too many requests in flight on this connection (limit %d)", c.s.cfg.MaxInFlight)})
+		}
+		c.observe(m.method, fencekv.CodeLimitExceeded)
+		return true
+	}
+	m.params = nil // parsed into a; the frame buffer is reused
+	// A request in flight holds its arguments (a put's value) until
+	// it is applied: they count against the budget like unsent
+	// answers, until its answer replaces them. Not an acquire's,
+	// which are small and may wait for a release that this
+	// connection has yet to send.
+	if m.method != "acquire" {
+		m.held = a.size()
+		c.pending.Add(m.held)
+	}
+	c.handlers.Add(1)
+	go c.handle(m, &a)
+	return true
 }
 
 // frameError answers a message that could not be framed, if its msgid can
@@ -736,12 +793,13 @@ func (c *conn) write(e *encoder, slot bool, held int64) {
 // is empty; then it gives up the flusher's role. Only the flusher touches
 // vec and out. Each write to the socket gets the write timeout: a client that
 // reads nothing for that long fails it, and the connection is torn down.
+// An event loop connection writes without waiting (flushRaw).
 func (c *conn) flush(batch []*encoder) {
-	for {
-		var n int64
-		for _, e := range batch {
-			n += cost(e)
-		}
+	if c.raw != nil {
+		c.flushRaw(batch, 0, false) // loop_linux.go
+		return
+	}
+	for batch != nil {
 		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 		var err error
 		if len(batch) == 1 {
@@ -755,36 +813,48 @@ func (c *conn) flush(batch []*encoder) {
 			_, err = c.out.WriteTo(c.nc) // one writev for the whole batch
 			clear(vec)
 		}
-		for i, e := range batch {
-			putEncoder(e)
-			batch[i] = nil
-		}
-		c.wmu.Lock()
-		c.pending.Add(-n)
-		if err != nil {
-			c.fail()
-		}
-		if c.broken || len(c.queue) == 0 {
-			c.flushing = false
-			// Keep the slices a usual burst needs, not those a long
-			// queue grew.
-			if cap(batch) <= keepQueue {
-				c.batch = batch[:0]
-			}
-			if cap(c.queue) > keepQueue {
-				c.queue = nil
-			}
-			if cap(c.vec) > keepQueue {
-				c.vec, c.out = nil, nil
-			}
-			c.wake()
-			c.wmu.Unlock()
-			return
-		}
-		batch, c.queue = c.queue, batch[:0]
-		c.wake()
-		c.wmu.Unlock()
+		batch = c.flushed(batch, err)
 	}
+}
+
+// flushed ends the write of batch (err is its error): it frees the
+// answers, and returns the answers queued meanwhile, to be written next,
+// or nil if there are none and the flusher's role is given up.
+func (c *conn) flushed(batch []*encoder, err error) []*encoder {
+	var n int64
+	for i, e := range batch {
+		n += cost(e)
+		putEncoder(e)
+		batch[i] = nil
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	c.pending.Add(-n)
+	if err != nil {
+		c.fail()
+	}
+	if c.broken || len(c.queue) == 0 {
+		c.flushing = false
+		// Keep the slices a usual burst needs, not those a long
+		// queue grew.
+		if cap(batch) <= keepQueue {
+			c.batch = batch[:0]
+		}
+		if cap(c.queue) > keepQueue {
+			c.queue = nil
+		}
+		if cap(c.vec) > keepQueue {
+			c.vec, c.out = nil, nil
+		}
+		c.wake()
+		if c.raw != nil {
+			c.room.Broadcast() // releaseRaw may wait for the flusher to finish
+		}
+		return nil
+	}
+	batch, c.queue = c.queue, batch[:0]
+	c.wake()
+	return batch
 }
 
 // entryOverhead is what a queued answer costs besides its bytes (the
@@ -819,6 +889,11 @@ func (c *conn) fail() {
 // it must stop. Called with wmu held.
 func (c *conn) wake() {
 	if c.waiting && (c.broken || c.pending.Load() <= int64(c.s.cfg.MaxPendingBytes)) {
+		if c.raw != nil {
+			c.waiting = false
+			c.s.loop.resume(c) // loop_linux.go
+			return
+		}
 		c.room.Signal()
 	}
 }

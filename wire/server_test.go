@@ -616,7 +616,9 @@ func TestErrorCodes(t *testing.T) {
 	})
 
 	t.Run("limit_exceeded in flight", func(t *testing.T) {
-		ts, _, c := errServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2 })
+		// A goroutine connection: it serves a lone write itself (the event
+		// loop's limit is TestPipelineInFlightLimitRaw's).
+		ts, _, c := errServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.MaxInFlight = 2; cfg.EventLoop = false })
 		l, err := c.Acquire(ctx, "L", 10*time.Second, nil)
 		ok(t, err)
 		blocked := dial(t, ts.Addr)

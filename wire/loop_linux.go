@@ -1,0 +1,622 @@
+//go:build linux
+
+package wire
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"io"
+	"sync"
+	"syscall"
+	"time"
+	"unsafe"
+
+	"github.com/fencekv/fencekv"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// The event loop. A goroutine per connection costs, per request, a read
+// that finds nothing (Go reads again after every answer, and only a read
+// that would block parks the goroutine in the runtime's poller), the park
+// and the wake-up, and the scheduler's work between them; with a client
+// that sends one request at a time, that is a third of the server's CPU
+// per get. So plain TCP connections to a local engine are served the way
+// Redis serves them: one goroutine waits on an epoll instance for every
+// such connection, reads what a client sent when epoll says it arrived
+// (one read, into a buffer shared by all connections), frames the
+// messages in it and serves them: reads itself, at once, as the goroutine
+// read loop does; writes, which wait for a commit, each in a goroutine of
+// its own, as before, so they share commits. Answers are written without
+// waiting: when a client's socket buffer is full, a goroutine finishes the
+// write once epoll says there is room, so the loop never waits on a client.
+//
+// The socket is a duplicate of the accepted connection's descriptor, which
+// is then closed: the runtime's own poller forgets it, and no goroutine is
+// woken for its events. The descriptor is registered edge-triggered, for
+// reading and writing, until the connection is released.
+//
+// Lifetime: the loop reads a connection until it ends (end of stream, a
+// read error, a message too malformed to answer, a failed write, or
+// Shutdown), then conn.end runs as for a goroutine connection. The
+// descriptor is closed only in releaseRaw, after the handlers, the watch
+// senders and the flusher are done and the loop has forgotten it, so no
+// one ever uses a closed (and perhaps reused) descriptor number; before
+// that, rawConn.Close only shuts the socket down.
+
+// epollET is EPOLLET as the event mask's bit (syscall's constant is a
+// negative int).
+const epollET = 1 << 31
+
+// loopReadSize is the loop's read buffer, shared by its connections: one
+// read takes up to this much of what a client sent.
+const loopReadSize = 64 << 10
+
+// maxIovecs is the most buffers one writev is given (IOV_MAX).
+const maxIovecs = 1024
+
+// errWouldBlock is returned by rawConn.writeBatch, told not to wait, when
+// the socket's send buffer is full.
+var errWouldBlock = errors.New("write would block")
+
+// eventLoop is one epoll instance and the goroutine that waits on it.
+type eventLoop struct {
+	s    *Server
+	epfd int
+	wake [2]int // a non-blocking pipe: a byte in it wakes the loop
+
+	mu      sync.Mutex
+	conns   map[int32]*conn // registered connections, by descriptor
+	resumed []*conn         // connections to read again: their budget has room (wake)
+	woken   bool            // a byte is in the pipe, unread
+	quit    bool            // the server is closing: end once no connection is left
+
+	// The loop goroutine's alone.
+	buf []byte
+	dec *msgpack.Decoder
+}
+
+// looped hands c to the event loop if it is one the loop serves (plain
+// TCP to a *fencekv.DB, with Config.EventLoop), starting the loop with the
+// first. It returns false if c must be served by a goroutine. Called with
+// s.mu held.
+func (s *Server) looped(c *conn) bool {
+	if !s.cfg.EventLoop || s.cfg.TLS != nil || s.loopBroken {
+		return false
+	}
+	if _, ok := s.eng.(*fencekv.DB); !ok {
+		return false
+	}
+	tc, ok := c.nc.(*net.TCPConn)
+	if !ok {
+		return false
+	}
+	if s.loop == nil {
+		l, err := newEventLoop(s)
+		if err != nil {
+			s.log.Warn("no event loop: serving each connection from a goroutine", "err", err)
+			s.loopBroken = true
+			return false
+		}
+		s.loop = l
+		go l.run()
+	}
+	raw, err := newRawConn(tc)
+	if err != nil {
+		// Out of descriptors, most likely: a goroutine serves it.
+		s.log.Debug("event loop: cannot take the connection; serving it from a goroutine", "remote", tc.RemoteAddr(), "err", err)
+		return false
+	}
+	c.raw, c.nc = raw, raw
+	if err := s.loop.add(c); err != nil {
+		s.log.Warn("event loop: cannot register a connection; closing it", "remote", raw.remote, "err", err)
+		c.ended = true
+		go c.end()
+	}
+	return true
+}
+
+func newEventLoop(s *Server) (*eventLoop, error) {
+	epfd, err := syscall.EpollCreate1(syscall.EPOLL_CLOEXEC)
+	if err != nil {
+		return nil, fmt.Errorf("epoll_create1: %w", err)
+	}
+	l := &eventLoop{s: s, epfd: epfd, conns: map[int32]*conn{}, buf: make([]byte, loopReadSize), dec: msgpack.NewDecoder(nil)}
+	if err := syscall.Pipe2(l.wake[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
+		syscall.Close(epfd)
+		return nil, fmt.Errorf("pipe2: %w", err)
+	}
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN, Fd: int32(l.wake[0])}
+	if err := syscall.EpollCtl(epfd, syscall.EPOLL_CTL_ADD, l.wake[0], &ev); err != nil {
+		l.closeFDs()
+		return nil, fmt.Errorf("epoll_ctl: %w", err)
+	}
+	return l, nil
+}
+
+func (l *eventLoop) closeFDs() {
+	syscall.Close(l.epfd)
+	syscall.Close(l.wake[0])
+	syscall.Close(l.wake[1])
+}
+
+// add registers c's socket.
+func (l *eventLoop) add(c *conn) error {
+	fd := c.raw.fd
+	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | epollET, Fd: int32(fd)}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
+		return err
+	}
+	l.conns[int32(fd)] = c
+	return nil
+}
+
+// remove forgets c and unregisters its socket, before it is closed.
+func (l *eventLoop) remove(c *conn) {
+	fd := c.raw.fd
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.conns[int32(fd)] == c {
+		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, fd, nil)
+		delete(l.conns, int32(fd))
+	}
+	if l.quit && len(l.conns) == 0 {
+		l.poke()
+	}
+}
+
+// resume has the loop read c again: its budget has room. Called with
+// c.wmu held.
+func (l *eventLoop) resume(c *conn) {
+	c.paused.Store(false)
+	l.mu.Lock()
+	l.resumed = append(l.resumed, c)
+	l.poke()
+	l.mu.Unlock()
+}
+
+// close has the loop end once its last connection is released. Called
+// when the server shuts down or closes.
+func (l *eventLoop) close() {
+	l.mu.Lock()
+	l.quit = true
+	l.poke()
+	l.mu.Unlock()
+}
+
+// poke wakes the loop. Called with l.mu held.
+func (l *eventLoop) poke() {
+	if !l.woken {
+		l.woken = true
+		syscall.Write(l.wake[1], []byte{1})
+	}
+}
+
+// run is the loop: it waits for events and serves the connections they
+// name, and those resumed.
+func (l *eventLoop) run() {
+	events := make([]syscall.EpollEvent, 256)
+	var cs, resumed []*conn
+	for {
+		n, err := syscall.EpollWait(l.epfd, events, -1)
+		if err != nil {
+			if err == syscall.EINTR {
+				continue
+			}
+			// Not expected with a valid epoll descriptor and buffer;
+			// without the loop its connections would hang: close them.
+			l.s.log.Error("event loop failed: closing its connections", "err", err)
+			l.fail()
+			return
+		}
+		woke := false
+		for _, ev := range events[:n] {
+			if ev.Fd == int32(l.wake[0]) {
+				woke = true
+				var b [64]byte
+				for {
+					if k, _ := syscall.Read(l.wake[0], b[:]); k <= 0 {
+						break
+					}
+				}
+			}
+		}
+		l.mu.Lock()
+		if woke {
+			l.woken = false
+		}
+		cs = cs[:0]
+		for _, ev := range events[:n] {
+			cs = append(cs, l.conns[ev.Fd]) // nil for the pipe, or a connection just released
+		}
+		resumed, l.resumed = l.resumed, resumed[:0]
+		quit := l.quit && len(l.conns) == 0
+		if quit {
+			l.closeFDs()
+		}
+		l.mu.Unlock()
+		if quit {
+			return
+		}
+		for i, ev := range events[:n] {
+			c := cs[i]
+			if c == nil {
+				continue
+			}
+			if ev.Events&(syscall.EPOLLOUT|syscall.EPOLLERR|syscall.EPOLLHUP) != 0 {
+				c.raw.poke()
+			}
+			if ev.Events&(syscall.EPOLLIN|syscall.EPOLLRDHUP|syscall.EPOLLERR|syscall.EPOLLHUP) != 0 {
+				l.serve(c, ev.Events&(syscall.EPOLLRDHUP|syscall.EPOLLERR|syscall.EPOLLHUP) != 0)
+			}
+		}
+		clear(cs)
+		for _, c := range resumed {
+			l.serve(c, true)
+		}
+		clear(resumed)
+	}
+}
+
+// fail shuts every connection of the loop down; their handlers end them.
+func (l *eventLoop) fail() {
+	l.mu.Lock()
+	cs := make([]*conn, 0, len(l.conns))
+	for _, c := range l.conns {
+		cs = append(cs, c)
+	}
+	l.mu.Unlock()
+	for _, c := range cs {
+		c.rmu.Lock()
+		if !c.ended {
+			l.end(c)
+		}
+		c.rmu.Unlock()
+	}
+}
+
+// serve reads what c's client sent and serves it. With drain it reads
+// until the socket has nothing more (the client hung up, or c was paused
+// and its events were ignored); otherwise a read that does not fill the
+// buffer emptied the socket, and epoll reports the next bytes.
+func (l *eventLoop) serve(c *conn, drain bool) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if c.ended || c.paused.Load() {
+		return // paused: resume reads it
+	}
+	if len(c.in) > 0 && !l.frames(c, nil) {
+		return
+	}
+	for {
+		n, err := syscall.Read(c.raw.fd, l.buf)
+		switch {
+		case n > 0:
+			if !l.frames(c, l.buf[:n]) {
+				return
+			}
+			if n < len(l.buf) && !drain {
+				return
+			}
+		case err == syscall.EAGAIN:
+			return
+		case err == syscall.EINTR:
+		default: // the end of the stream, or a reset
+			l.end(c)
+			return
+		}
+	}
+}
+
+// frames serves the messages in c.in followed by data. It returns false
+// if the loop must read c no more for now: it paused on its budget, or it
+// ended. Called with c.rmu held.
+func (l *eventLoop) frames(c *conn, data []byte) bool {
+	b := data
+	if len(c.in) > 0 {
+		c.in = append(c.in, data...)
+		b = c.in
+	}
+	max := c.s.cfg.MaxMessageSize
+	for len(b) > 0 {
+		if go_, paused := c.roomToRead(); !go_ {
+			if paused {
+				l.keep(c, b)
+			} else {
+				l.end(c)
+			}
+			return false
+		}
+		n, err := scanFrame(b, max)
+		if err == errShortFrame {
+			break
+		}
+		if err != nil {
+			c.frameError(l.dec, b, err)
+			l.end(c)
+			return false
+		}
+		ok := c.dispatch(l.dec, b[:n], false)
+		if n > frameKeep {
+			// The decoder keeps a buffer as large as the longest string
+			// it decoded: do not keep one sized by a large message.
+			l.dec = msgpack.NewDecoder(nil)
+		}
+		b = b[n:]
+		if !ok {
+			l.end(c)
+			return false
+		}
+	}
+	l.keep(c, b)
+	return true
+}
+
+// keep makes b, the bytes of c not served yet, c.in. b is data, or a
+// suffix of c.in.
+func (l *eventLoop) keep(c *conn, b []byte) {
+	switch {
+	case len(b) == 0:
+		if cap(c.in) > frameKeep {
+			c.in = nil // an idle connection holds no large buffer
+		} else {
+			c.in = c.in[:0]
+		}
+	case len(c.in) > 0:
+		c.in = c.in[:copy(c.in, b)]
+	default:
+		c.in = append(c.in[:0], b...)
+	}
+}
+
+// end stops reading c and finishes it. Called with c.rmu held.
+func (l *eventLoop) end(c *conn) {
+	c.ended = true
+	c.in = nil
+	go c.end()
+}
+
+// stop ends c for Shutdown: it reads no more requests, and its requests in
+// flight are answered. Called with s.mu held.
+func (l *eventLoop) stop(c *conn) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if !c.ended {
+		l.end(c)
+	}
+}
+
+// roomToRead is the event loop's waitRoom: it reports whether the loop may
+// serve another message of c, and if not, whether c paused on its budget
+// (wake resumes it) rather than ended. Called with c.rmu held.
+func (c *conn) roomToRead() (ok, paused bool) {
+	budget := int64(c.s.cfg.MaxPendingBytes)
+	if c.pending.Load() <= budget {
+		return true, false
+	}
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	switch {
+	case c.broken:
+		return false, false
+	case c.pending.Load() <= budget:
+		return true, false
+	}
+	c.waiting = true
+	c.paused.Store(true)
+	return false, true
+}
+
+// flushRaw is flush for an event loop connection: it writes batch (whose
+// first off bytes are written already) and what is queued after it.
+// Unless told to block, it never waits: when the socket's buffer is full
+// it hands the rest to a goroutine that waits for room, up to the write
+// timeout, so neither the loop nor a handler waits on a slow client.
+func (c *conn) flushRaw(batch []*encoder, off int, block bool) {
+	for batch != nil {
+		var err error
+		off, err = c.raw.writeBatch(batch, off, block, c.s.cfg.WriteTimeout)
+		if err == errWouldBlock {
+			go c.flushRaw(batch, off, true)
+			return
+		}
+		batch = c.flushed(batch, err)
+		off = 0
+	}
+}
+
+// releaseRaw closes an event loop connection once it is finished: after
+// the flusher is done, so that no one uses the descriptor once closed.
+func (c *conn) releaseRaw() {
+	c.wmu.Lock()
+	for c.flushing {
+		c.room.Wait()
+	}
+	c.broken = true // nothing more is written
+	c.wmu.Unlock()
+	c.s.loop.remove(c)
+	c.raw.closeFD()
+}
+
+// rawConn is an event loop connection's socket. It is a net.Conn for the
+// code shared with goroutine connections (addresses, Close); reads and
+// writes go through the loop and writeBatch.
+type rawConn struct {
+	fd            int
+	local, remote net.Addr
+	writable      chan struct{} // a token when epoll says the socket is writable, or hung up
+	iov           []syscall.Iovec
+
+	mu     sync.Mutex // guards closed: Close and closeFD
+	closed bool
+}
+
+// newRawConn takes tc's socket out of the runtime's poller: it duplicates
+// the descriptor (the duplicate shares the socket and its non-blocking
+// mode) and closes tc.
+func newRawConn(tc *net.TCPConn) (*rawConn, error) {
+	sc, err := tc.SyscallConn()
+	if err != nil {
+		return nil, err
+	}
+	fd, derr := -1, error(nil)
+	if err := sc.Control(func(s uintptr) {
+		r, _, errno := syscall.Syscall(syscall.SYS_FCNTL, s, syscall.F_DUPFD_CLOEXEC, 0)
+		if errno != 0 {
+			derr = os.NewSyscallError("fcntl", errno)
+			return
+		}
+		fd = int(r)
+	}); err != nil {
+		return nil, err
+	}
+	if derr != nil {
+		return nil, derr
+	}
+	r := &rawConn{fd: fd, local: tc.LocalAddr(), remote: tc.RemoteAddr(), writable: make(chan struct{}, 1)}
+	tc.Close()
+	return r, nil
+}
+
+// poke records that the socket may be writable.
+func (r *rawConn) poke() {
+	select {
+	case r.writable <- struct{}{}:
+	default:
+	}
+}
+
+// writeBatch writes the answers in batch from byte off on, with writev. It
+// returns how far it got. If the socket's buffer is full it waits for
+// room, at most timeout from then, or, without block, returns
+// errWouldBlock. Only the flusher calls it.
+func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time.Duration) (int, error) {
+	var deadline time.Time
+	for {
+		iov, total, skip := r.iov[:0], 0, off
+		for _, e := range batch {
+			b := e.buf.Bytes()
+			if skip >= len(b) {
+				skip -= len(b)
+				continue
+			}
+			b = b[skip:]
+			skip = 0
+			v := syscall.Iovec{Base: &b[0]}
+			v.SetLen(len(b))
+			iov = append(iov, v)
+			total += len(b)
+			if len(iov) == maxIovecs {
+				break
+			}
+		}
+		if len(iov) == 0 {
+			return off, nil
+		}
+		n, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(r.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		clear(iov) // hold no answer's bytes past the write
+		r.iov = iov[:0]
+		switch errno {
+		case 0:
+			off += int(n)
+			if int(n) == total && len(iov) < maxIovecs {
+				return off, nil
+			}
+			continue
+		case syscall.EINTR:
+			continue
+		case syscall.EAGAIN:
+		default:
+			return off, os.NewSyscallError("writev", errno)
+		}
+		if !block {
+			return off, errWouldBlock
+		}
+		if deadline.IsZero() {
+			deadline = time.Now().Add(timeout)
+		}
+		if err := r.waitWritable(deadline); err != nil {
+			return off, err
+		}
+	}
+}
+
+// waitWritable waits until epoll says the socket may be writable, or the
+// deadline passes.
+func (r *rawConn) waitWritable(deadline time.Time) error {
+	t := time.NewTimer(time.Until(deadline))
+	defer t.Stop()
+	select {
+	case <-r.writable:
+		return nil
+	case <-t.C:
+		return os.ErrDeadlineExceeded
+	}
+}
+
+// Read reads what has arrived, without waiting; the event loop reads the
+// socket itself, this is for the net.Conn interface.
+func (r *rawConn) Read(b []byte) (int, error) {
+	n, err := syscall.Read(r.fd, b)
+	if n == 0 && err == nil && len(b) > 0 {
+		return 0, io.EOF
+	}
+	return max(n, 0), err
+}
+
+// Write writes b, waiting for room up to 30 s (answers go through
+// writeBatch; this is for the net.Conn interface).
+func (r *rawConn) Write(b []byte) (int, error) {
+	deadline := time.Now().Add(30 * time.Second)
+	written := 0
+	for written < len(b) {
+		n, err := syscall.Write(r.fd, b[written:])
+		switch {
+		case n > 0:
+			written += n
+		case err == syscall.EINTR:
+		case err == syscall.EAGAIN:
+			if err := r.waitWritable(deadline); err != nil {
+				return written, err
+			}
+		default:
+			return written, os.NewSyscallError("write", err)
+		}
+	}
+	return written, nil
+}
+
+// Close shuts the socket down: the loop reads the end of the stream, and
+// writes fail. The descriptor is closed by closeFD.
+func (r *rawConn) Close() error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		syscall.Shutdown(r.fd, syscall.SHUT_RDWR)
+	}
+	return nil
+}
+
+// closeFD closes the descriptor; Close does nothing after it.
+func (r *rawConn) closeFD() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !r.closed {
+		r.closed = true
+		syscall.Close(r.fd)
+	}
+}
+
+func (r *rawConn) LocalAddr() net.Addr  { return r.local }
+func (r *rawConn) RemoteAddr() net.Addr { return r.remote }
+
+// The deadlines of an event loop connection are its write timeout, which
+// writeBatch applies.
+func (r *rawConn) SetDeadline(time.Time) error      { return nil }
+func (r *rawConn) SetReadDeadline(time.Time) error  { return nil }
+func (r *rawConn) SetWriteDeadline(time.Time) error { return nil }
+
+var _ net.Conn = (*rawConn)(nil)

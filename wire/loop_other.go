@@ -1,0 +1,17 @@
+//go:build !linux
+
+package wire
+
+// Elsewhere than Linux every connection is served by a goroutine of its
+// own; these stand in for the event loop (loop_linux.go), never used.
+
+type eventLoop struct{}
+
+type rawConn struct{}
+
+func (s *Server) looped(*conn) bool            { return false }
+func (l *eventLoop) resume(*conn)              {}
+func (l *eventLoop) stop(*conn)                {}
+func (l *eventLoop) close()                    {}
+func (c *conn) flushRaw([]*encoder, int, bool) {}
+func (c *conn) releaseRaw()                    {}
