@@ -5,9 +5,9 @@ package wire
 import (
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
-	"io"
 	"sync"
 	"syscall"
 	"time"
