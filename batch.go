@@ -30,6 +30,9 @@ type request struct {
 	// turn, if set, makes the request no command but a function the
 	// leader runs between batches, alone (see inTurn); res.Err is its error.
 	turn func() error
+	// then, if set, makes the request asynchronous (Start): nobody waits on
+	// done; the leader calls then with the result, after passing the lead.
+	then func(Result)
 }
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -38,6 +41,14 @@ func newRequest(c Command) *request {
 	r := requestPool.Get().(*request)
 	r.cmd = c
 	return r
+}
+
+// answer wakes r's submitter, once r.res is set; an asynchronous request
+// is answered by the leader after the batch (lead).
+func (r *request) answer() {
+	if r.then == nil {
+		r.done <- struct{}{}
+	}
 }
 
 func (r *request) free() {
@@ -148,12 +159,21 @@ func (db *DB) lead() {
 		n++
 	}
 	db.batch = append(db.batch[:0], db.pending[:n]...)
+	async := db.async[:0] // taken under qmu: the last leader may still be answering its own
+	db.async = nil
 	rest := copy(db.pending, db.pending[n:])
 	clear(db.pending[rest:])
 	db.pending = db.pending[:rest]
 	db.qmu.Unlock()
 
 	db.gather = len(db.batch) > 1
+	// Noted before the commit: once answered, a waiting submitter frees
+	// its request.
+	for _, r := range db.batch {
+		if r.then != nil {
+			async = append(async, r)
+		}
+	}
 	switch {
 	case len(db.batch) == 1 && db.batch[0].turn != nil:
 		r := db.batch[0]
@@ -162,6 +182,9 @@ func (db *DB) lead() {
 	case len(db.batch) > 0:
 		db.commitBatch(db.batch)
 	}
+	// The asynchronous requests are answered after the lead is passed on,
+	// so that the next batch is applied and synced while their answers
+	// are written.
 	clear(db.batch)
 
 	db.qmu.Lock()
@@ -169,12 +192,120 @@ func (db *DB) lead() {
 		db.leading = false
 		db.qidle.Broadcast()
 		db.qmu.Unlock()
+	} else {
+		next := db.pending[0]
+		if next.then != nil {
+			db.qmu.Unlock()
+			db.kickCommitter()
+		} else {
+			next.lead = true
+			db.qmu.Unlock()
+			next.done <- struct{}{}
+		}
+	}
+	for i, r := range async {
+		then := r.then
+		res := r.res
+		r.free()
+		async[i] = nil
+		then(res)
+	}
+	if cap(async) > 0 && cap(async) <= 1024 {
+		db.qmu.Lock()
+		if db.async == nil {
+			db.async = async[:0]
+		}
+		db.qmu.Unlock()
+	}
+}
+
+// Start submits a write without waiting for it: what Put, Delete, CAS,
+// Incr, Renew, Release, or Acquire without a wait do, given as the command
+// c (Op, Key, Value, Revision, Delta; Lease for the lock methods, Token for
+// renew and release) with w's fencing for the key writes. Start returns at
+// once; then is called exactly once with the command's result (Err is its
+// refusal), once it is durable or refused, or at once if c is not valid.
+// then runs on the goroutine that committed the batch, after it handed
+// the lead on: it must be quick and must not wait for the DB. ctx carries
+// what the waiting methods' contexts carry (the client's address, for the
+// refusal log); it cannot withdraw the command.
+//
+// Start is for servers that answer many clients from few goroutines (the
+// wire event loop): a write costs them no goroutine that waits.
+func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Result)) {
+	var err error
+	switch c.Op {
+	case OpPut, OpDelete, OpCAS, OpIncr:
+		err = db.opts.CheckWrite(c.Key, c.Value, w)
+		c.Write, c.Lock = w.kv(), w.Lock
+		if err == nil {
+			inner := then
+			then = func(r Result) {
+				if r.Err != nil {
+					db.refusals.Note(ctx, &c, r.Err, db.m.Grantee)
+				}
+				inner(r)
+			}
+		}
+	case OpRenew, OpRelease:
+		err = db.opts.CheckName(c.Lease.Name)
+	case OpAcquire:
+		err = db.opts.CheckAcquire(c.Lease.Name, c.Lease.TTL, AcquireOptions{Holder: c.Lease.Holder, LockDelay: c.Lease.LockDelay})
+	default:
+		err = errorf(CodeBadRequest, "Start: op %v cannot be started", c.Op)
+	}
+	if err != nil {
+		then(Result{Err: err})
 		return
 	}
-	next := db.pending[0]
-	next.lead = true
+	r := newRequest(c)
+	r.then = then
+	db.qmu.Lock()
+	if db.closed {
+		db.qmu.Unlock()
+		r.free()
+		then(Result{Err: errClosed})
+		return
+	}
+	db.pending = append(db.pending, r)
+	lead := !db.leading
+	db.leading = true
 	db.qmu.Unlock()
-	next.done <- struct{}{}
+	if lead {
+		db.kickCommitter()
+	}
+}
+
+// kickCommitter has a committer goroutine lead: an idle one, or a new one.
+// Committers lead for asynchronous requests, which have no goroutine of
+// their own to; they outlive their turn, because a new goroutine's stack
+// grows by copying on the commit path.
+func (db *DB) kickCommitter() {
+	select {
+	case db.commit <- struct{}{}:
+	default:
+		go db.committer()
+	}
+}
+
+// maxIdleCommitters is the most committer goroutines kept waiting.
+const maxIdleCommitters = 4
+
+func (db *DB) committer() {
+	for {
+		db.lead()
+		if db.idleCommitters.Add(1) > maxIdleCommitters {
+			db.idleCommitters.Add(-1)
+			return
+		}
+		select {
+		case <-db.commit:
+			db.idleCommitters.Add(-1)
+		case <-db.stop:
+			db.idleCommitters.Add(-1)
+			return
+		}
+	}
 }
 
 // inTurn runs fn in the batch leader's turn, between two batches, when it

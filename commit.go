@@ -32,7 +32,7 @@ func (db *DB) commitBatch(batch []*request) {
 		fail := errorf(CodeUnavailable, "the store failed: %v", err)
 		for _, r := range batch {
 			r.res = Result{Err: fail}
-			r.done <- struct{}{}
+			r.answer()
 		}
 		return
 	}
@@ -56,7 +56,7 @@ func (db *DB) commitBatch(batch []*request) {
 				db.m.leases.Cancel(r.waiter)
 				r.waiter = nil
 			}
-			r.done <- struct{}{}
+			r.answer()
 		}
 		for _, h := range handed {
 			h.w.Finish(lease.Grant{}, fail)
@@ -72,7 +72,7 @@ func (db *DB) commitBatch(batch []*request) {
 	}
 	db.commands.Add(uint64(len(batch) + len(handed)))
 	for _, r := range batch {
-		r.done <- struct{}{}
+		r.answer()
 	}
 	for _, h := range handed {
 		h.w.Finish(h.res.Grant, h.res.Err)

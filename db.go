@@ -47,13 +47,17 @@ type DB struct {
 	wal *wal.Log // the write-ahead log; used only by the leader (and Open, Close)
 
 	// Owned by the leader (see lead):
-	gather    bool // the last batch had company: yield before taking the next
-	batch     []*request
-	seq       uint64    // the last log record written
-	rec       []byte    // the log record being built for the current batch
-	logged    int       // commands in rec
-	sinceCkpt int       // log records since the last checkpoint
-	lastCkpt  time.Time // when the last checkpoint ended, by the real clock (an I/O policy, not lease time)
+	gather bool // the last batch had company: yield before taking the next
+	batch  []*request
+	async  []*request // guarded by qmu: the leader's spare slice of a batch's asynchronous requests
+
+	commit         chan struct{} // to an idle committer goroutine (kickCommitter)
+	idleCommitters atomic.Int32
+	seq            uint64    // the last log record written
+	rec            []byte    // the log record being built for the current batch
+	logged         int       // commands in rec
+	sinceCkpt      int       // log records since the last checkpoint
+	lastCkpt       time.Time // when the last checkpoint ended, by the real clock (an I/O policy, not lease time)
 
 	// beforeSync, if set (by tests), runs between appending a batch's log
 	// record and syncing it; an error fails the sync.
@@ -104,12 +108,13 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
 	db := &DB{
-		opts:  o,
-		log:   o.Logger,
-		clock: o.Clock,
-		m:     m,
-		wal:   log,
-		stop:  make(chan struct{}),
+		opts:   o,
+		log:    o.Logger,
+		clock:  o.Clock,
+		m:      m,
+		wal:    log,
+		stop:   make(chan struct{}),
+		commit: make(chan struct{}),
 	}
 	db.qidle.L = &db.qmu
 	if db.log == nil {

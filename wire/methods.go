@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"time"
 
 	"github.com/fencekv/fencekv"
 )
@@ -242,19 +243,31 @@ func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
 		Wait:      ms(a.waitMs),
 		LockDelay: ms(a.delayMs),
 	})
+	auditAcquire(ctx, a, l, err)
+	if err != nil {
+		return err
+	}
+	e.granted(l.Token, l.TTL)
+	return nil
+}
+
+func (e *encoder) granted(token fencekv.Token, ttl time.Duration) {
+	e.EncodeMapLen(2)
+	e.uint("token", uint64(token))
+	e.int("ttl_ms", toMs(ttl))
+}
+
+// auditAcquire logs an acquire's outcome to the lock audit trail.
+func auditAcquire(ctx context.Context, a *args, l fencekv.Lease, err error) {
 	if err != nil {
 		if log, lv := auditor(ctx, err); log != nil && !errors.Is(err, context.Canceled) {
 			log.Log(ctx, lv, "lock acquire refused", "lock", a.lock, "holder", a.holder, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
 		}
-		return err
+		return
 	}
 	if log, lv := auditor(ctx, nil); log != nil {
 		log.Log(ctx, lv, "lock granted", "lock", a.lock, "token", uint64(l.Token), "holder", a.holder, "ttl", l.TTL, "client", fencekv.ClientAddr(ctx))
 	}
-	e.EncodeMapLen(2)
-	e.uint("token", uint64(l.Token))
-	e.int("ttl_ms", toMs(l.TTL))
-	return nil
 }
 
 func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
@@ -262,10 +275,8 @@ func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
 		return err
 	}
 	ttl, err := eng.Renew(ctx, a.lock, fencekv.Token(a.token))
+	auditRenew(ctx, a, err)
 	if err != nil {
-		if log, lv := auditor(ctx, err); log != nil {
-			log.Log(ctx, lv, "lock renew refused", "lock", a.lock, "token", a.token, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
-		}
 		return err
 	}
 	e.EncodeMapLen(1)
@@ -273,21 +284,40 @@ func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	return nil
 }
 
+// auditRenew logs a refused renew to the lock audit trail.
+func auditRenew(ctx context.Context, a *args, err error) {
+	if err == nil {
+		return
+	}
+	if log, lv := auditor(ctx, err); log != nil {
+		log.Log(ctx, lv, "lock renew refused", "lock", a.lock, "token", a.token, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
+	}
+}
+
 func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fLock, fToken); err != nil {
 		return err
 	}
-	if err := eng.Release(ctx, a.lock, fencekv.Token(a.token)); err != nil {
+	err := eng.Release(ctx, a.lock, fencekv.Token(a.token))
+	auditRelease(ctx, a, err)
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(0)
+	return nil
+}
+
+// auditRelease logs a release's outcome to the lock audit trail.
+func auditRelease(ctx context.Context, a *args, err error) {
+	if err != nil {
 		if log, lv := auditor(ctx, err); log != nil {
 			log.Log(ctx, lv, "lock release refused", "lock", a.lock, "token", a.token, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
 		}
-		return err
+		return
 	}
 	if log, lv := auditor(ctx, nil); log != nil {
 		log.Log(ctx, lv, "lock released", "lock", a.lock, "token", a.token, "client", fencekv.ClientAddr(ctx))
 	}
-	e.EncodeMapLen(0)
-	return nil
 }
 
 func lockInfo(ctx context.Context, eng Engine, a *args, e *encoder) error {
