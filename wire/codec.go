@@ -217,6 +217,8 @@ type args struct {
 	name                      string // auth
 	secret                    []byte // auth
 	has                       field
+
+	acquireOpts fencekv.AcquireOptions // what acquire passes the engine (methods.go)
 }
 
 // size is the memory the arguments hold: their bytes, plus the struct.
