@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -92,7 +93,77 @@ type Store struct {
 	db *bolt.DB
 	w  *Tx // the open writer; only the engine's batch leader touches it
 	ov overlay
+	rs readers // bbolt read transactions kept between reads
 	up Upgrade // what Open did to an older file
+}
+
+// readers keeps the bbolt read transactions of ended read-only Txs, to
+// begin the next ones on: beginning and ending a bbolt transaction (and
+// opening its buckets) costs a read more than the read itself. Between
+// two commits the file does not change (the writer commits only at
+// Checkpoint), so a transaction begun after one commit reads what a new
+// one would until the next. Every commit drains the idle ones first (a
+// commit that grows the file waits for every open read transaction), and
+// those in use when it ran are rolled back when their Tx ends: they are
+// of an older epoch.
+type readers struct {
+	mu    sync.Mutex
+	epoch uint64    // commits so far; changed only with ov.mu held for writing
+	idle  []*reader // of the current epoch, at most maxIdleReaders
+}
+
+// maxIdleReaders bounds the read transactions kept: about as many as
+// reads run at once.
+const maxIdleReaders = 32
+
+// reader is a bbolt read transaction and the buckets opened on it. One
+// goroutine at a time uses it (bbolt transactions are not safe for
+// concurrent use): the one whose Tx has it, or none while it is idle.
+type reader struct {
+	tx                       *bolt.Tx
+	epoch                    uint64
+	meta, keys, tombs, locks *bolt.Bucket
+	lent                     Tx // the Tx View lends its fn
+}
+
+// get returns an idle reader, or nil.
+func (rs *readers) get() *reader {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	n := len(rs.idle)
+	if n == 0 {
+		return nil
+	}
+	rd := rs.idle[n-1]
+	rs.idle[n-1] = nil
+	rs.idle = rs.idle[:n-1]
+	return rd
+}
+
+// put keeps rd for the next read if it is of the current epoch and there
+// is room, and rolls it back otherwise.
+func (rs *readers) put(rd *reader) {
+	rs.mu.Lock()
+	if rd.epoch == rs.epoch && len(rs.idle) < maxIdleReaders {
+		rs.idle = append(rs.idle, rd)
+		rs.mu.Unlock()
+		return
+	}
+	rs.mu.Unlock()
+	_ = rd.tx.Rollback()
+}
+
+// drain starts a new epoch and rolls back the idle readers. The caller
+// holds ov.mu for writing, and is about to commit (or close the file).
+func (rs *readers) drain() {
+	rs.mu.Lock()
+	rs.epoch++
+	idle := rs.idle
+	rs.idle = nil
+	rs.mu.Unlock()
+	for _, rd := range idle {
+		_ = rd.tx.Rollback()
+	}
 }
 
 // Open opens or creates the data file at path. It fails with ErrLocked when
@@ -245,6 +316,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.Abort()
+	s.ov.mu.Lock()
+	s.rs.drain() // bbolt's Close waits for every read transaction
+	s.ov.mu.Unlock()
 	err := s.db.Close()
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return nil
@@ -264,23 +338,45 @@ func (s *Store) Begin(writable bool) (*Tx, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kv: begin: %w", err)
 		}
-		t := &Tx{tx: btx}
+		t := &Tx{tx: btx, s: s}
 		t.counters()
 		return t, nil
 	}
+	t := &Tx{}
+	if err := s.beginRead(t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// beginRead begins t as a read-only transaction, on an idle reader if
+// there is one.
+func (s *Store) beginRead(t *Tx) error {
 	// The bbolt transaction and the view together: Checkpoint commits
 	// and starts a new generation under the write lock.
 	s.ov.mu.RLock()
-	btx, err := s.db.Begin(false)
-	var v *view
-	if err == nil {
-		v = s.ov.pin()
+	defer s.ov.mu.RUnlock()
+	rd := s.rs.get()
+	if rd == nil {
+		btx, err := s.db.Begin(false)
+		if err != nil {
+			return fmt.Errorf("kv: begin: %w", err)
+		}
+		rd = &reader{tx: btx, epoch: s.rs.epoch}
 	}
-	s.ov.mu.RUnlock()
-	if err != nil {
-		return nil, fmt.Errorf("kv: begin: %w", err)
-	}
-	return &Tx{tx: btx, view: v}, nil
+	*t = Tx{tx: rd.tx, meta: rd.meta, keys: rd.keys, tombs: rd.tombs, locks: rd.locks, s: s, rd: rd, view: s.ov.pin()}
+	return nil
+}
+
+// endRead ends the read-only t: its reader, with the buckets t opened,
+// goes back to the store.
+func (t *Tx) endRead() {
+	rd := t.rd
+	rd.meta, rd.keys, rd.tombs, rd.locks = t.meta, t.keys, t.tombs, t.locks
+	t.rd, t.tx = nil, nil
+	t.view.unpin()
+	t.view = nil
+	t.s.rs.put(rd)
 }
 
 // Writer returns the open writable transaction, beginning one if none is
@@ -341,7 +437,8 @@ func (s *Store) Checkpoint(marks Marks) error {
 	}
 	s.ov.mu.Lock()
 	defer s.ov.mu.Unlock()
-	if err := w.Commit(); err != nil {
+	s.rs.drain()
+	if err := w.commit(); err != nil {
 		return err
 	}
 	s.ov.checkpoint()
@@ -410,27 +507,40 @@ func (t *Tx) locksBucket() *bolt.Bucket {
 
 // counters loads the revision, last token and live key count once.
 func (t *Tx) counters() {
-	if t.meta != nil {
+	if t.loaded {
 		return
 	}
-	t.meta = t.tx.Bucket(bucketMeta)
+	t.loaded = true
 	if t.view != nil && t.view.set {
 		t.rev, t.lastToken, t.live = t.view.rev, t.view.last, t.view.live
 		return
+	}
+	if t.meta == nil {
+		t.meta = t.tx.Bucket(bucketMeta)
 	}
 	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
 	t.lastToken = Token(getU64(t.meta.Get(metaLastToken)))
 	t.live = getU64(t.meta.Get(metaLiveKeys))
 }
 
-// View runs fn in a read-only transaction.
+// View runs fn in a read-only transaction, which it ends when fn returns
+// (fn's Rollback does nothing). Unlike Begin, it allocates nothing when
+// an idle reader is at hand.
 func (s *Store) View(fn func(*Tx) error) error {
-	t, err := s.Begin(false)
-	if err != nil {
+	var t Tx
+	if err := s.beginRead(&t); err != nil {
 		return err
 	}
-	defer t.Rollback()
-	return fn(t)
+	// The Tx fn gets must not be on the stack (fn may keep it), nor new:
+	// the reader's own, lent until t ends.
+	lent := &t.rd.lent
+	*lent = t
+	lent.lending = true
+	defer func() {
+		lent.lending = false
+		lent.endRead()
+	}()
+	return fn(lent)
 }
 
 // Update runs fn in a read-write transaction and commits it if fn returns
@@ -451,7 +561,11 @@ func (s *Store) Update(fn func(*Tx) error) error {
 // live keys) are cached in the Tx and written back by Commit.
 type Tx struct {
 	tx                       *bolt.Tx
-	meta, keys, tombs, locks *bolt.Bucket // nil until first used; meta set means the counters are loaded
+	meta, keys, tombs, locks *bolt.Bucket // nil until first used
+	s                        *Store
+	rd                       *reader // read-only: where tx comes from, and goes back to
+	lending                  bool    // read-only: View's, which ends it itself
+	loaded                   bool    // the counters are loaded
 
 	rev       Revision
 	lastToken Token
@@ -469,6 +583,15 @@ type Tx struct {
 // Commit writes the counters back and commits durably (unless the store
 // was opened with NoSync).
 func (t *Tx) Commit() error {
+	// Like Checkpoint: readers must not begin on a bbolt transaction from
+	// before the commit.
+	t.s.ov.mu.Lock()
+	defer t.s.ov.mu.Unlock()
+	t.s.rs.drain()
+	return t.commit()
+}
+
+func (t *Tx) commit() error {
 	if t.dirty {
 		if err := t.meta.Put(metaRevision, u64(uint64(t.rev))); err != nil {
 			t.tx.Rollback()
@@ -492,10 +615,12 @@ func (t *Tx) Commit() error {
 // Rollback discards the transaction. It is safe after Commit, and more
 // than once.
 func (t *Tx) Rollback() {
-	_ = t.tx.Rollback()
-	if t.view != nil {
-		t.view.unpin()
-		t.view = nil
+	switch {
+	case t.lending: // View ends it
+	case t.rd != nil:
+		t.endRead()
+	case t.tx != nil && t.tx.Writable(): // bbolt's Rollback is safe after Commit
+		_ = t.tx.Rollback()
 	}
 }
 

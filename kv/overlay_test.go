@@ -286,3 +286,43 @@ func TestReadersSeeOneBatch(t *testing.T) {
 	}
 	t.Logf("%d reads", reads.Load())
 }
+
+// TestReadersAfterCommit checks the idle bbolt read transactions kept
+// between reads: a read after a commit (Update's, or a Checkpoint's) sees
+// the file the commit wrote, not the one an idle reader began on, also
+// when that reader was in use while the commit ran.
+func TestReadersAfterCommit(t *testing.T) {
+	s := openStore(t)
+	for i := range 3 {
+		v := strconv.Itoa(i)
+		open, err := s.Begin(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			update(t, s, func(tx *Tx) { tx.Put([]byte("k"), []byte(v), Write{}) })
+		}()
+		time.Sleep(10 * time.Millisecond) // the commit may wait for open, if it grows the file
+		open.Get([]byte("k"))
+		open.Rollback()
+		open.Rollback() // a second Rollback must not end another reader's transaction
+		<-done
+		if got := string(get(t, s, "k").Value); got != v {
+			t.Fatalf("after Update %d: k = %q", i, got)
+		}
+		w, err := s.Writer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Put([]byte("c"), []byte(v), Write{})
+		s.Publish()
+		if err := s.Checkpoint(Marks{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(get(t, s, "c").Value); got != v {
+			t.Fatalf("after Checkpoint %d: c = %q", i, got)
+		}
+	}
+}
