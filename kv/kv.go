@@ -388,8 +388,8 @@ func (s *Store) Writer() (*Tx, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.dirtyKeys = map[string]struct{}{}
-		t.dirtyLocks = map[string]struct{}{}
+		t.dirtyKeys = map[string][]byte{}
+		t.dirtyLocks = map[string][]byte{}
 		s.w = t
 	}
 	return s.w, nil
@@ -464,21 +464,6 @@ func (s *Store) Marks() (Marks, error) {
 		return nil
 	})
 	return m, err
-}
-
-// record returns a copy of key's record as the overlay keeps it: the keys
-// bucket's record of a live key, the live flag cleared and no value for a
-// deleted key, or nil when the file has no record of the key.
-func (t *Tx) record(key []byte) []byte {
-	if rec := t.keysBucket().Get(key); rec != nil {
-		return bytes.Clone(rec)
-	}
-	if tomb := t.tombsBucket().Get(key); len(tomb) == tombLen {
-		rec := make([]byte, recHeader)
-		copy(rec[1:], tomb)
-		return rec
-	}
-	return nil
 }
 
 // Buckets and counters are looked up on first use: most read-only
@@ -574,8 +559,8 @@ type Tx struct {
 	grouped   bool     // inside Group: writes share groupRev
 	groupRev  Revision // the group's revision, once it has written
 
-	view                  *view               // read-only: the overlay's state it reads before the file
-	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
+	view                  *view             // read-only: the overlay's state it reads before the file
+	dirtyKeys, dirtyLocks map[string][]byte // the Writer: records changed since the last Publish, as the overlay keeps them (nil: a deleted lock)
 
 	steps int // records each has read from the file's buckets, for tests
 }
@@ -736,40 +721,46 @@ func check(cur Token, w Write) error {
 // tombstones, with the new fence, removes the key's other record (wasLive:
 // it has one in keys; hadTomb: in tombstones), and advances the revision.
 // It never fails a fence check: callers check first.
-func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb bool) (Revision, error) {
-	rev := t.nextRev()
+//
+// It returns the key and the record as stored (for a deleted key, the
+// overlay's record: the live flag cleared, no value): the store's own
+// copies, which never change (bbolt, and the overlay once published, keep
+// them).
+func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb bool) (k, rec []byte, rev Revision, err error) {
+	rev = t.nextRev()
 	// bbolt keeps the key slice until the transaction commits, which for
 	// the Writer is after the caller has returned: give it a copy.
-	k := bytes.Clone(key)
+	k = bytes.Clone(key)
 	if live {
-		rec := make([]byte, recHeader+len(value))
+		rec = make([]byte, recHeader+len(value))
 		rec[0] = flagLive
 		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
 		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
 		copy(rec[recHeader:], value)
 		if err := t.keysBucket().Put(k, rec); err != nil {
-			return 0, err
+			return nil, nil, 0, err
 		}
 		if hadTomb {
 			if err := t.tombsBucket().Delete(k); err != nil {
-				return 0, err
+				return nil, nil, 0, err
 			}
 		}
 	} else {
-		tomb := make([]byte, tombLen)
-		binary.BigEndian.PutUint64(tomb[0:8], uint64(fnc))
-		binary.BigEndian.PutUint64(tomb[8:16], uint64(rev))
-		if err := t.tombsBucket().Put(k, tomb); err != nil {
-			return 0, err
+		// The tombstone is the overlay's record without its flags.
+		rec = make([]byte, recHeader)
+		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
+		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
+		if err := t.tombsBucket().Put(k, rec[1:]); err != nil {
+			return nil, nil, 0, err
 		}
 		if wasLive {
 			if err := t.keysBucket().Delete(k); err != nil {
-				return 0, err
+				return nil, nil, 0, err
 			}
 		}
 	}
 	if t.dirtyKeys != nil {
-		t.dirtyKeys[string(key)] = struct{}{}
+		t.dirtyKeys[string(key)] = rec
 	}
 	t.rev = rev
 	switch {
@@ -779,7 +770,7 @@ func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb boo
 		t.live--
 	}
 	t.dirty = true
-	return rev, nil
+	return k, rec, rev, nil
 }
 
 func raise(cur Token, w Write) Token {
@@ -797,11 +788,11 @@ func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
 		return cur, err
 	}
 	nf := raise(cur.Fence, w)
-	rev, err := t.write(key, value, true, nf, cur.Found, ok && !cur.Found)
+	k, rec, rev, err := t.write(key, value, true, nf, cur.Found, ok && !cur.Found)
 	if err != nil {
 		return cur, err
 	}
-	return Entry{Key: key, Value: value, Found: true, Fence: nf, Revision: rev}, nil
+	return Entry{Key: k, Value: rec[recHeader:], Found: true, Fence: nf, Revision: rev}, nil
 }
 
 // Delete removes key if the fence rule accepts w. The fence survives. A
@@ -822,7 +813,7 @@ func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 		t.dirty = true
 		return false, Entry{Key: key, Fence: nf, Revision: t.rev}, nil
 	}
-	rev, err := t.write(key, nil, false, nf, cur.Found, ok && !cur.Found)
+	_, _, rev, err := t.write(key, nil, false, nf, cur.Found, ok && !cur.Found)
 	if err != nil {
 		return false, cur, err
 	}
@@ -904,20 +895,28 @@ func (t *Tx) Lock(name []byte) []byte {
 	return bytes.Clone(t.locksBucket().Get(name))
 }
 
-// PutLock stores a lock's lease record.
+// PutLock stores a lock's lease record. The store keeps name and rec (bbolt
+// until the commit, and the overlay once published): the caller must not
+// change them.
 func (t *Tx) PutLock(name, rec []byte) error {
-	if t.dirtyLocks != nil {
-		t.dirtyLocks[string(name)] = struct{}{}
+	if err := t.locksBucket().Put(name, rec); err != nil {
+		return err
 	}
-	return t.locksBucket().Put(name, rec)
+	if t.dirtyLocks != nil {
+		t.dirtyLocks[string(name)] = rec
+	}
+	return nil
 }
 
 // DeleteLock removes a lock's lease record.
 func (t *Tx) DeleteLock(name []byte) error {
-	if t.dirtyLocks != nil {
-		t.dirtyLocks[string(name)] = struct{}{}
+	if err := t.locksBucket().Delete(name); err != nil {
+		return err
 	}
-	return t.locksBucket().Delete(name)
+	if t.dirtyLocks != nil {
+		t.dirtyLocks[string(name)] = nil
+	}
+	return nil
 }
 
 // Locks calls fn for each lock record whose name starts with prefix and is

@@ -137,14 +137,14 @@ func TestReaderKeepsItsState(t *testing.T) {
 	}
 }
 
-// chain is the number of versions the overlay keeps of key.
-func chain(s *Store, key string) int {
-	p, ok := s.ov.cur.g.keys.Load(key)
+// versions is the number of versions the overlay keeps of key.
+func versions(s *Store, key string) int {
+	p, ok := s.ov.cur.g.keys.m.Load(key)
 	if !ok {
 		return 0
 	}
 	n := 0
-	for v := p.(*version); v != nil; v = v.prev.Load() {
+	for v := p.(*chain).head.Load(); v != nil; v = v.prev.Load() {
 		n++
 	}
 	return n
@@ -165,7 +165,7 @@ func TestVersionsUnlinked(t *testing.T) {
 		}
 	}
 	publish(100)
-	if n := chain(s, "hot"); n > 2 {
+	if n := versions(s, "hot"); n > 2 {
 		t.Fatalf("with no readers, %d versions of a key published 100 times; want at most 2", n)
 	}
 	r, err := s.Begin(false)
@@ -175,7 +175,7 @@ func TestVersionsUnlinked(t *testing.T) {
 	t.Cleanup(r.Rollback) // before Close, which waits for it
 	pinned := string(r.Get([]byte("hot")).Value)
 	publish(50)
-	if n := chain(s, "hot"); n < 51 {
+	if n := versions(s, "hot"); n < 51 {
 		t.Fatalf("with a reader open, %d versions; want the 50 new and the reader's", n)
 	}
 	if got := string(r.Get([]byte("hot")).Value); got != pinned {
@@ -183,7 +183,7 @@ func TestVersionsUnlinked(t *testing.T) {
 	}
 	r.Rollback()
 	publish(1)
-	if n := chain(s, "hot"); n > 2 {
+	if n := versions(s, "hot"); n > 2 {
 		t.Fatalf("after the reader ended, %d versions; want at most 2", n)
 	}
 	if len(s.ov.old) > 1 {

@@ -100,7 +100,7 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 	if err := s.Checkpoint(Marks{Applied: 42, Term: 3}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
-	if v := s.ov.cur; mapLen(&v.g.keys) != 0 || mapLen(&v.g.locks) != 0 || v.set {
+	if v := s.ov.cur; mapLen(&v.g.keys.m) != 0 || mapLen(&v.g.locks.m) != 0 || v.set {
 		t.Fatalf("overlay not emptied by Checkpoint")
 	}
 	if got := scanKeys(t, s, ""); got != after {
