@@ -886,35 +886,36 @@ func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, mor
 	return items, more
 }
 
-// Lock returns the stored lease record of a lock, or nil. The slice is a
-// copy.
-func (t *Tx) Lock(name []byte) []byte {
+// Lock returns the stored lease record of a lock, or nil. The slice is the
+// store's, not a copy (lease decodes it at once): valid until the
+// transaction's next write or its end, and not to be changed.
+func (t *Tx) Lock(name string) []byte {
 	if rec, ok := t.view.lock(name); ok {
-		return bytes.Clone(rec)
+		return rec
 	}
-	return bytes.Clone(t.locksBucket().Get(name))
+	return t.locksBucket().Get([]byte(name))
 }
 
-// PutLock stores a lock's lease record. The store keeps name and rec (bbolt
-// until the commit, and the overlay once published): the caller must not
-// change them.
-func (t *Tx) PutLock(name, rec []byte) error {
-	if err := t.locksBucket().Put(name, rec); err != nil {
+// PutLock stores a lock's lease record. The store keeps rec (bbolt until
+// the commit, and the overlay once published): the caller must not change
+// it.
+func (t *Tx) PutLock(name string, rec []byte) error {
+	if err := t.locksBucket().Put([]byte(name), rec); err != nil {
 		return err
 	}
 	if t.dirtyLocks != nil {
-		t.dirtyLocks[string(name)] = rec
+		t.dirtyLocks[name] = rec
 	}
 	return nil
 }
 
 // DeleteLock removes a lock's lease record.
-func (t *Tx) DeleteLock(name []byte) error {
-	if err := t.locksBucket().Delete(name); err != nil {
+func (t *Tx) DeleteLock(name string) error {
+	if err := t.locksBucket().Delete([]byte(name)); err != nil {
 		return err
 	}
 	if t.dirtyLocks != nil {
-		t.dirtyLocks[string(name)] = nil
+		t.dirtyLocks[name] = nil
 	}
 	return nil
 }

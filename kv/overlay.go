@@ -177,11 +177,11 @@ func (o *overlay) checkpoint() {
 
 // at returns the record of name in ns as of the view; ok is false if the
 // view has no version of it (or v is nil): the file's is current.
-func (v *view) at(ns *names, name []byte) (rec []byte, ok bool) {
+func (v *view) at(ns *names, name string) (rec []byte, ok bool) {
 	if ns.n.Load() == 0 {
 		return nil, false
 	}
-	p, ok := ns.m.Load(string(name))
+	p, ok := ns.m.Load(name)
 	if !ok {
 		return nil, false
 	}
@@ -197,10 +197,10 @@ func (v *view) key(key []byte) ([]byte, bool) {
 	if v == nil {
 		return nil, false
 	}
-	return v.at(&v.g.keys, key)
+	return v.at(&v.g.keys, string(key))
 }
 
-func (v *view) lock(name []byte) ([]byte, bool) {
+func (v *view) lock(name string) ([]byte, bool) {
 	if v == nil {
 		return nil, false
 	}

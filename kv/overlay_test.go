@@ -26,7 +26,7 @@ func state(t *testing.T, tx *Tx) string {
 	for _, e := range items {
 		fmt.Fprintf(&b, "%s=%s ", e.Key, e.Value)
 	}
-	fmt.Fprintf(&b, "| L=%s rev=%d keys=%d", tx.Lock([]byte("L")), tx.Revision(), tx.Keys())
+	fmt.Fprintf(&b, "| L=%s rev=%d keys=%d", tx.Lock("L"), tx.Revision(), tx.Keys())
 	return b.String()
 }
 
@@ -66,7 +66,7 @@ func TestReaderKeepsItsState(t *testing.T) {
 				w.Put(fmt.Appendf(nil, "k%d", i), []byte(v), Write{Token: 1})
 			}
 		}
-		w.PutLock([]byte("L"), []byte(v))
+		w.PutLock("L", []byte(v))
 	}
 	put("0", -1)
 	s.Publish()
@@ -239,7 +239,7 @@ func TestReadersSeeOneBatch(t *testing.T) {
 				for _, e := range items {
 					want("scan "+string(e.Key), e.Value, true)
 				}
-				lock := tx.Lock([]byte("L"))
+				lock := tx.Lock("L")
 				want("lock L", lock, lock != nil)
 				if x := tx.Get([]byte("x")); x.Found != (b > 0 && b%2 == 0) {
 					t.Errorf("batch %d: x found %v", b, x.Found)
@@ -261,7 +261,7 @@ func TestReadersSeeOneBatch(t *testing.T) {
 		for i := range keys {
 			w.Put(fmt.Appendf(nil, "k%d", i), v, Write{})
 		}
-		w.PutLock([]byte("L"), v)
+		w.PutLock("L", v)
 		if b%2 == 0 {
 			w.Put([]byte("x"), v, Write{})
 		} else {
