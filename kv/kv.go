@@ -388,7 +388,7 @@ func (s *Store) Writer() (*Tx, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.dirtyKeys = map[string][]byte{}
+		t.writer = true
 		t.dirtyLocks = map[string][]byte{}
 		s.w = t
 	}
@@ -405,6 +405,10 @@ func (s *Store) Publish() {
 	}
 	s.ov.publish(w)
 	clear(w.dirtyKeys)
+	w.dirtyKeys = w.dirtyKeys[:0]
+	if cap(w.dirtyKeys) > maxKeptDirty {
+		w.dirtyKeys = nil // do not keep what a huge batch grew
+	}
 	clear(w.dirtyLocks)
 }
 
@@ -542,6 +546,13 @@ func (s *Store) Update(fn func(*Tx) error) error {
 	return t.Commit()
 }
 
+// dirtyKey is a key the Writer wrote, and its record as the overlay keeps
+// it (see Tx.write).
+type dirtyKey struct{ key, rec []byte }
+
+// maxKeptDirty bounds the room the Writer keeps for the keys of a batch.
+const maxKeptDirty = 1 << 12
+
 // Tx is a transaction on the store. The counters (revision, last token,
 // live keys) are cached in the Tx and written back by Commit.
 type Tx struct {
@@ -559,8 +570,10 @@ type Tx struct {
 	grouped   bool     // inside Group: writes share groupRev
 	groupRev  Revision // the group's revision, once it has written
 
-	view                  *view             // read-only: the overlay's state it reads before the file
-	dirtyKeys, dirtyLocks map[string][]byte // the Writer: records changed since the last Publish, as the overlay keeps them (nil: a deleted lock)
+	view       *view             // read-only: the overlay's state it reads before the file
+	writer     bool              // the Store's Writer: it records what it changes, for Publish
+	dirtyKeys  []dirtyKey        // the Writer: keys written since the last Publish, in order (one written twice is here twice)
+	dirtyLocks map[string][]byte // the Writer: lock records changed since the last Publish (nil: deleted)
 
 	steps int // records each has read from the file's buckets, for tests
 }
@@ -728,11 +741,16 @@ func check(cur Token, w Write) error {
 // them).
 func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb bool) (k, rec []byte, rev Revision, err error) {
 	rev = t.nextRev()
-	// bbolt keeps the key slice until the transaction commits, which for
-	// the Writer is after the caller has returned: give it a copy.
-	k = bytes.Clone(key)
+	// The store's own copy of the key (bbolt makes another) and the
+	// record, in one allocation: they are kept together (see above).
+	n := recHeader
 	if live {
-		rec = make([]byte, recHeader+len(value))
+		n += len(value)
+	}
+	buf := make([]byte, len(key)+n)
+	k, rec = buf[:len(key):len(key)], buf[len(key):]
+	copy(k, key)
+	if live {
 		rec[0] = flagLive
 		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
 		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
@@ -747,7 +765,6 @@ func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb boo
 		}
 	} else {
 		// The tombstone is the overlay's record without its flags.
-		rec = make([]byte, recHeader)
 		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
 		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
 		if err := t.tombsBucket().Put(k, rec[1:]); err != nil {
@@ -759,8 +776,8 @@ func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb boo
 			}
 		}
 	}
-	if t.dirtyKeys != nil {
-		t.dirtyKeys[string(key)] = rec
+	if t.writer {
+		t.dirtyKeys = append(t.dirtyKeys, dirtyKey{k, rec})
 	}
 	t.rev = rev
 	switch {
@@ -903,7 +920,7 @@ func (t *Tx) PutLock(name string, rec []byte) error {
 	if err := t.locksBucket().Put([]byte(name), rec); err != nil {
 		return err
 	}
-	if t.dirtyLocks != nil {
+	if t.writer {
 		t.dirtyLocks[name] = rec
 	}
 	return nil
@@ -914,7 +931,7 @@ func (t *Tx) DeleteLock(name string) error {
 	if err := t.locksBucket().Delete([]byte(name)); err != nil {
 		return err
 	}
-	if t.dirtyLocks != nil {
+	if t.writer {
 		t.dirtyLocks[name] = nil
 	}
 	return nil

@@ -20,8 +20,8 @@ import (
 //
 //   - A generation (gen) holds the records published between two
 //     checkpoints. Its maps only ever gain versions, and each version is
-//     immutable once stored (but for its prev link, below), so readers may
-//     read them while Publish adds more (sync.Map).
+//     immutable once published (but for its prev link, below), so readers
+//     may read them while Publish adds more (sync.Map).
 //   - Publish numbers its batch (seq), stores each changed record as a new
 //     version with that number in front of the key's older ones, and only
 //     then makes a view of the new number current (under the lock). A
@@ -131,8 +131,8 @@ func (o *overlay) publish(w *Tx) {
 	seq := cur.seq + 1
 	// The records are the writer's own (Tx.write, Tx.PutLock), which
 	// never change: readers may share them with bbolt.
-	for k, rec := range w.dirtyKeys {
-		cur.g.keys.add(k, seq, rec, floor)
+	for _, d := range w.dirtyKeys {
+		cur.g.keys.addKey(d.key, seq, d.rec, floor)
 	}
 	for k, rec := range w.dirtyLocks {
 		cur.g.locks.add(k, seq, rec, floor)
@@ -147,16 +147,39 @@ func (o *overlay) publish(w *Tx) {
 // add stores rec as name's version seq, and unlinks the versions below
 // the newest one at or below floor, which no reader may read.
 func (ns *names) add(name string, seq uint64, rec []byte, floor uint64) {
-	p, ok := ns.m.Load(name)
-	if !ok {
-		c := &chain{first: version{seq: seq, rec: rec}}
-		c.head.Store(&c.first)
-		ns.m.Store(name, c)
-		ns.n.Add(1)
+	if p, ok := ns.m.Load(name); ok {
+		p.(*chain).push(seq, rec, floor)
 		return
 	}
-	c := p.(*chain)
+	ns.create(name, seq, rec)
+}
+
+// addKey is add for a key as bytes: it makes a string of it only for a
+// key new to the generation.
+func (ns *names) addKey(key []byte, seq uint64, rec []byte, floor uint64) {
+	if p, ok := ns.m.Load(string(key)); ok {
+		p.(*chain).push(seq, rec, floor)
+		return
+	}
+	ns.create(string(key), seq, rec)
+}
+
+func (ns *names) create(name string, seq uint64, rec []byte) {
+	c := &chain{first: version{seq: seq, rec: rec}}
+	c.head.Store(&c.first)
+	ns.m.Store(name, c)
+	ns.n.Add(1)
+}
+
+func (c *chain) push(seq uint64, rec []byte, floor uint64) {
 	prev := c.head.Load()
+	if prev.seq == seq {
+		// Written twice in the batch being published: no reader reads
+		// a version of it yet (readers read no version above their
+		// view's seq), so the newer record replaces the older.
+		prev.rec = rec
+		return
+	}
 	v := &version{seq: seq, rec: rec}
 	v.prev.Store(prev)
 	for o := prev; o != nil; o = o.prev.Load() {
