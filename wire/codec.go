@@ -234,6 +234,7 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 		return nil
 	}
 	r := resetDecoder(dec, raw)
+	var own arena
 	n, err := dec.DecodeMapLen()
 	if err != nil {
 		return badRequest("params must be an array holding one map")
@@ -251,13 +252,13 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 		a.has |= f
 		switch f {
 		case fKey:
-			a.key, err = decodeBytes(dec)
+			a.key, err = own.bytes(dec, r, raw)
 		case fValue:
-			a.value, err = decodeBytes(dec)
+			a.value, err = own.bytes(dec, r, raw)
 		case fPrefix:
-			a.prefix, err = decodeBytes(dec)
+			a.prefix, err = own.bytes(dec, r, raw)
 		case fStart:
-			a.start, err = decodeBytes(dec)
+			a.start, err = own.bytes(dec, r, raw)
 		case fLock:
 			a.lock, err = decodeString(dec, r, raw)
 		case fHolder:
@@ -298,7 +299,7 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 		case fName:
 			a.name, err = decodeString(dec, r, raw)
 		case fSecret:
-			a.secret, err = decodeBytes(dec)
+			a.secret, err = own.bytes(dec, r, raw)
 		case fStrict:
 			a.strict, err = dec.DecodeBool()
 			if err != nil {
@@ -326,6 +327,36 @@ func decodeString(dec *msgpack.Decoder, r *bytes.Reader, b []byte) (string, erro
 	}
 	s, err := rawString(dec, r, b)
 	return string(s), err
+}
+
+// arena holds copies of the byte params of one request (key, value...),
+// which the args must own (the frame is reused): all of them in one
+// allocation.
+type arena []byte
+
+// bytes reads a str or bin as decodeBytes does, into the arena. b is the
+// bytes r reads, as for rawString.
+func (ar *arena) bytes(dec *msgpack.Decoder, r *bytes.Reader, b []byte) ([]byte, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return nil, errors.New("want str or bin")
+	}
+	// What is left of the params holds this and every later byte
+	// param: the first one sizes the arena for them all.
+	left := r.Len()
+	v, err := rawString(dec, r, b)
+	if err != nil || len(v) == 0 {
+		return []byte{}, err
+	}
+	if cap(*ar)-len(*ar) < len(v) {
+		*ar = make([]byte, 0, left)
+	}
+	n := len(*ar)
+	*ar = append(*ar, v...)
+	return (*ar)[n : n+len(v) : n+len(v)], nil
 }
 
 func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {
