@@ -520,8 +520,9 @@ func (s *Store) View(fn func(*Tx) error) error {
 	if err := s.beginRead(&t); err != nil {
 		return err
 	}
-	// The Tx fn gets must not be on the stack (fn may keep it), nor new:
-	// the reader's own, lent until t ends.
+	// A pointer to t itself, passed to an fn not known here, would move
+	// t to the heap: fn gets the reader's own Tx instead, lent until it
+	// ends.
 	lent := &t.rd.lent
 	*lent = t
 	lent.lending = true
