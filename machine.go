@@ -366,10 +366,13 @@ func (m *Machine) Close() error { return m.store.Close() }
 func (m *Machine) view(now time.Duration, fn func(tx *kv.Tx, now time.Duration) error) error {
 	m.smu.RLock()
 	defer m.smu.RUnlock()
-	tx, err := m.store.Begin(false)
-	if err != nil {
+	began := false
+	err := m.store.View(func(tx *kv.Tx) error {
+		began = true
+		return fn(tx, now)
+	})
+	if err != nil && !began {
 		return fence.Errorf(fence.CodeUnavailable, "%v", err)
 	}
-	defer tx.Rollback()
-	return fn(tx, now)
+	return err
 }

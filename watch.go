@@ -301,11 +301,11 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 	}()
 	switch c.Op {
 	case OpPut, OpCAS, OpIncr:
-		v := c.Value
-		if c.Op == OpIncr {
-			v = []byte(fmt.Sprint(r.Int))
-		}
-		m.events = append(m.events, Event{Type: "put", Key: c.Key, Value: v, Fence: r.Entry.Fence, Revision: r.Entry.Revision})
+		// The entry's key and value are the store's copies, which never
+		// change (kv.Tx.Put): the event owns them already, and an incr's
+		// value is its new value as text.
+		m.events = append(m.events, Event{Type: "put", Key: r.Entry.Key, Value: r.Entry.Value, Fence: r.Entry.Fence, Revision: r.Entry.Revision})
+		n = len(m.events) // so the deferred copy passes it by
 	case OpDelete:
 		m.events = append(m.events, Event{Type: "delete", Key: c.Key, Fence: r.Entry.Fence, Revision: r.Entry.Revision})
 	case OpTxn:

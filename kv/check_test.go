@@ -41,7 +41,7 @@ func fullStore(t *testing.T, n int) string {
 		}
 	}
 	for i := range 3 {
-		if err := tx.PutLock(fmt.Appendf(nil, "lock/%d", i), []byte("lease record")); err != nil {
+		if err := tx.PutLock(fmt.Sprintf("lock/%d", i), []byte("lease record")); err != nil {
 			t.Fatal(err)
 		}
 	}

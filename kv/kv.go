@@ -31,6 +31,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -92,7 +93,77 @@ type Store struct {
 	db *bolt.DB
 	w  *Tx // the open writer; only the engine's batch leader touches it
 	ov overlay
+	rs readers // bbolt read transactions kept between reads
 	up Upgrade // what Open did to an older file
+}
+
+// readers keeps the bbolt read transactions of ended read-only Txs, to
+// begin the next ones on: beginning and ending a bbolt transaction (and
+// opening its buckets) costs a read more than the read itself. Between
+// two commits the file does not change (the writer commits only at
+// Checkpoint), so a transaction begun after one commit reads what a new
+// one would until the next. Every commit drains the idle ones first (a
+// commit that grows the file waits for every open read transaction), and
+// those in use when it ran are rolled back when their Tx ends: they are
+// of an older epoch.
+type readers struct {
+	mu    sync.Mutex
+	epoch uint64    // commits so far; changed only with ov.mu held for writing
+	idle  []*reader // of the current epoch, at most maxIdleReaders
+}
+
+// maxIdleReaders bounds the read transactions kept: about as many as
+// reads run at once.
+const maxIdleReaders = 32
+
+// reader is a bbolt read transaction and the buckets opened on it. One
+// goroutine at a time uses it (bbolt transactions are not safe for
+// concurrent use): the one whose Tx has it, or none while it is idle.
+type reader struct {
+	tx                       *bolt.Tx
+	epoch                    uint64
+	meta, keys, tombs, locks *bolt.Bucket
+	lent                     Tx // the Tx View lends its fn
+}
+
+// get returns an idle reader, or nil.
+func (rs *readers) get() *reader {
+	rs.mu.Lock()
+	defer rs.mu.Unlock()
+	n := len(rs.idle)
+	if n == 0 {
+		return nil
+	}
+	rd := rs.idle[n-1]
+	rs.idle[n-1] = nil
+	rs.idle = rs.idle[:n-1]
+	return rd
+}
+
+// put keeps rd for the next read if it is of the current epoch and there
+// is room, and rolls it back otherwise.
+func (rs *readers) put(rd *reader) {
+	rs.mu.Lock()
+	if rd.epoch == rs.epoch && len(rs.idle) < maxIdleReaders {
+		rs.idle = append(rs.idle, rd)
+		rs.mu.Unlock()
+		return
+	}
+	rs.mu.Unlock()
+	_ = rd.tx.Rollback()
+}
+
+// drain starts a new epoch and rolls back the idle readers. The caller
+// holds ov.mu for writing, and is about to commit (or close the file).
+func (rs *readers) drain() {
+	rs.mu.Lock()
+	rs.epoch++
+	idle := rs.idle
+	rs.idle = nil
+	rs.mu.Unlock()
+	for _, rd := range idle {
+		_ = rd.tx.Rollback()
+	}
 }
 
 // Open opens or creates the data file at path. It fails with ErrLocked when
@@ -245,6 +316,9 @@ func (s *Store) Close() error {
 		return nil
 	}
 	s.Abort()
+	s.ov.mu.Lock()
+	s.rs.drain() // bbolt's Close waits for every read transaction
+	s.ov.mu.Unlock()
 	err := s.db.Close()
 	if errors.Is(err, berrors.ErrDatabaseNotOpen) {
 		return nil
@@ -264,23 +338,45 @@ func (s *Store) Begin(writable bool) (*Tx, error) {
 		if err != nil {
 			return nil, fmt.Errorf("kv: begin: %w", err)
 		}
-		t := &Tx{tx: btx}
+		t := &Tx{tx: btx, s: s}
 		t.counters()
 		return t, nil
 	}
+	t := &Tx{}
+	if err := s.beginRead(t); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+// beginRead begins t as a read-only transaction, on an idle reader if
+// there is one.
+func (s *Store) beginRead(t *Tx) error {
 	// The bbolt transaction and the view together: Checkpoint commits
 	// and starts a new generation under the write lock.
 	s.ov.mu.RLock()
-	btx, err := s.db.Begin(false)
-	var v *view
-	if err == nil {
-		v = s.ov.pin()
+	defer s.ov.mu.RUnlock()
+	rd := s.rs.get()
+	if rd == nil {
+		btx, err := s.db.Begin(false)
+		if err != nil {
+			return fmt.Errorf("kv: begin: %w", err)
+		}
+		rd = &reader{tx: btx, epoch: s.rs.epoch}
 	}
-	s.ov.mu.RUnlock()
-	if err != nil {
-		return nil, fmt.Errorf("kv: begin: %w", err)
-	}
-	return &Tx{tx: btx, view: v}, nil
+	*t = Tx{tx: rd.tx, meta: rd.meta, keys: rd.keys, tombs: rd.tombs, locks: rd.locks, s: s, rd: rd, view: s.ov.pin()}
+	return nil
+}
+
+// endRead ends the read-only t: its reader, with the buckets t opened,
+// goes back to the store.
+func (t *Tx) endRead() {
+	rd := t.rd
+	rd.meta, rd.keys, rd.tombs, rd.locks = t.meta, t.keys, t.tombs, t.locks
+	t.rd, t.tx = nil, nil
+	t.view.unpin()
+	t.view = nil
+	t.s.rs.put(rd)
 }
 
 // Writer returns the open writable transaction, beginning one if none is
@@ -292,8 +388,8 @@ func (s *Store) Writer() (*Tx, error) {
 		if err != nil {
 			return nil, err
 		}
-		t.dirtyKeys = map[string]struct{}{}
-		t.dirtyLocks = map[string]struct{}{}
+		t.writer = true
+		t.dirtyLocks = map[string][]byte{}
 		s.w = t
 	}
 	return s.w, nil
@@ -309,6 +405,10 @@ func (s *Store) Publish() {
 	}
 	s.ov.publish(w)
 	clear(w.dirtyKeys)
+	w.dirtyKeys = w.dirtyKeys[:0]
+	if cap(w.dirtyKeys) > maxKeptDirty {
+		w.dirtyKeys = nil // do not keep what a huge batch grew
+	}
 	clear(w.dirtyLocks)
 }
 
@@ -341,7 +441,8 @@ func (s *Store) Checkpoint(marks Marks) error {
 	}
 	s.ov.mu.Lock()
 	defer s.ov.mu.Unlock()
-	if err := w.Commit(); err != nil {
+	s.rs.drain()
+	if err := w.commit(); err != nil {
 		return err
 	}
 	s.ov.checkpoint()
@@ -367,21 +468,6 @@ func (s *Store) Marks() (Marks, error) {
 		return nil
 	})
 	return m, err
-}
-
-// record returns a copy of key's record as the overlay keeps it: the keys
-// bucket's record of a live key, the live flag cleared and no value for a
-// deleted key, or nil when the file has no record of the key.
-func (t *Tx) record(key []byte) []byte {
-	if rec := t.keysBucket().Get(key); rec != nil {
-		return bytes.Clone(rec)
-	}
-	if tomb := t.tombsBucket().Get(key); len(tomb) == tombLen {
-		rec := make([]byte, recHeader)
-		copy(rec[1:], tomb)
-		return rec
-	}
-	return nil
 }
 
 // Buckets and counters are looked up on first use: most read-only
@@ -410,27 +496,41 @@ func (t *Tx) locksBucket() *bolt.Bucket {
 
 // counters loads the revision, last token and live key count once.
 func (t *Tx) counters() {
-	if t.meta != nil {
+	if t.loaded {
 		return
 	}
-	t.meta = t.tx.Bucket(bucketMeta)
+	t.loaded = true
 	if t.view != nil && t.view.set {
 		t.rev, t.lastToken, t.live = t.view.rev, t.view.last, t.view.live
 		return
+	}
+	if t.meta == nil {
+		t.meta = t.tx.Bucket(bucketMeta)
 	}
 	t.rev = Revision(getU64(t.meta.Get(metaRevision)))
 	t.lastToken = Token(getU64(t.meta.Get(metaLastToken)))
 	t.live = getU64(t.meta.Get(metaLiveKeys))
 }
 
-// View runs fn in a read-only transaction.
+// View runs fn in a read-only transaction, which it ends when fn returns
+// (fn's Rollback does nothing). Unlike Begin, it allocates nothing when
+// an idle reader is at hand.
 func (s *Store) View(fn func(*Tx) error) error {
-	t, err := s.Begin(false)
-	if err != nil {
+	var t Tx
+	if err := s.beginRead(&t); err != nil {
 		return err
 	}
-	defer t.Rollback()
-	return fn(t)
+	// A pointer to t itself, passed to an fn not known here, would move
+	// t to the heap: fn gets the reader's own Tx instead, lent until it
+	// ends.
+	lent := &t.rd.lent
+	*lent = t
+	lent.lending = true
+	defer func() {
+		lent.lending = false
+		lent.endRead()
+	}()
+	return fn(lent)
 }
 
 // Update runs fn in a read-write transaction and commits it if fn returns
@@ -447,11 +547,22 @@ func (s *Store) Update(fn func(*Tx) error) error {
 	return t.Commit()
 }
 
+// dirtyKey is a key the Writer wrote, and its record as the overlay keeps
+// it (see Tx.write).
+type dirtyKey struct{ key, rec []byte }
+
+// maxKeptDirty bounds the room the Writer keeps for the keys of a batch.
+const maxKeptDirty = 1 << 12
+
 // Tx is a transaction on the store. The counters (revision, last token,
 // live keys) are cached in the Tx and written back by Commit.
 type Tx struct {
 	tx                       *bolt.Tx
-	meta, keys, tombs, locks *bolt.Bucket // nil until first used; meta set means the counters are loaded
+	meta, keys, tombs, locks *bolt.Bucket // nil until first used
+	s                        *Store
+	rd                       *reader // read-only: where tx comes from, and goes back to
+	lending                  bool    // read-only: View's, which ends it itself
+	loaded                   bool    // the counters are loaded
 
 	rev       Revision
 	lastToken Token
@@ -460,8 +571,10 @@ type Tx struct {
 	grouped   bool     // inside Group: writes share groupRev
 	groupRev  Revision // the group's revision, once it has written
 
-	view                  *view               // read-only: the overlay's state it reads before the file
-	dirtyKeys, dirtyLocks map[string]struct{} // the Writer: changed since the last Publish
+	view       *view             // read-only: the overlay's state it reads before the file
+	writer     bool              // the Store's Writer: it records what it changes, for Publish
+	dirtyKeys  []dirtyKey        // the Writer: keys written since the last Publish, in order (one written twice is here twice)
+	dirtyLocks map[string][]byte // the Writer: lock records changed since the last Publish (nil: deleted)
 
 	steps int // records each has read from the file's buckets, for tests
 }
@@ -469,6 +582,15 @@ type Tx struct {
 // Commit writes the counters back and commits durably (unless the store
 // was opened with NoSync).
 func (t *Tx) Commit() error {
+	// Like Checkpoint: readers must not begin on a bbolt transaction from
+	// before the commit.
+	t.s.ov.mu.Lock()
+	defer t.s.ov.mu.Unlock()
+	t.s.rs.drain()
+	return t.commit()
+}
+
+func (t *Tx) commit() error {
 	if t.dirty {
 		if err := t.meta.Put(metaRevision, u64(uint64(t.rev))); err != nil {
 			t.tx.Rollback()
@@ -492,10 +614,12 @@ func (t *Tx) Commit() error {
 // Rollback discards the transaction. It is safe after Commit, and more
 // than once.
 func (t *Tx) Rollback() {
-	_ = t.tx.Rollback()
-	if t.view != nil {
-		t.view.unpin()
-		t.view = nil
+	switch {
+	case t.lending: // View ends it
+	case t.rd != nil:
+		t.endRead()
+	case t.tx != nil && t.tx.Writable(): // bbolt's Rollback is safe after Commit
+		_ = t.tx.Rollback()
 	}
 }
 
@@ -611,40 +735,50 @@ func check(cur Token, w Write) error {
 // tombstones, with the new fence, removes the key's other record (wasLive:
 // it has one in keys; hadTomb: in tombstones), and advances the revision.
 // It never fails a fence check: callers check first.
-func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb bool) (Revision, error) {
-	rev := t.nextRev()
-	// bbolt keeps the key slice until the transaction commits, which for
-	// the Writer is after the caller has returned: give it a copy.
-	k := bytes.Clone(key)
+//
+// It returns the key and the record as stored (for a deleted key, the
+// overlay's record: the live flag cleared, no value): the store's own
+// copies, which never change (bbolt, and the overlay once published, keep
+// them).
+func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb bool) (k, rec []byte, rev Revision, err error) {
+	rev = t.nextRev()
+	// The store's own copy of the key (bbolt makes another) and the
+	// record, in one allocation: they are kept together (see above).
+	n := recHeader
 	if live {
-		rec := make([]byte, recHeader+len(value))
+		n += len(value)
+	}
+	buf := make([]byte, len(key)+n)
+	k, rec = buf[:len(key):len(key)], buf[len(key):]
+	copy(k, key)
+	if live {
 		rec[0] = flagLive
 		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
 		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
 		copy(rec[recHeader:], value)
 		if err := t.keysBucket().Put(k, rec); err != nil {
-			return 0, err
+			return nil, nil, 0, err
 		}
 		if hadTomb {
 			if err := t.tombsBucket().Delete(k); err != nil {
-				return 0, err
+				return nil, nil, 0, err
 			}
 		}
 	} else {
-		tomb := make([]byte, tombLen)
-		binary.BigEndian.PutUint64(tomb[0:8], uint64(fnc))
-		binary.BigEndian.PutUint64(tomb[8:16], uint64(rev))
-		if err := t.tombsBucket().Put(k, tomb); err != nil {
-			return 0, err
+		// The tombstone is the overlay's record without its flags.
+		binary.BigEndian.PutUint64(rec[1:9], uint64(fnc))
+		binary.BigEndian.PutUint64(rec[9:17], uint64(rev))
+		if err := t.tombsBucket().Put(k, rec[1:]); err != nil {
+			return nil, nil, 0, err
 		}
 		if wasLive {
 			if err := t.keysBucket().Delete(k); err != nil {
-				return 0, err
+				return nil, nil, 0, err
 			}
 		}
 	}
-	if t.dirtyKeys != nil {
-		t.dirtyKeys[string(key)] = struct{}{}
+	if t.writer {
+		t.dirtyKeys = append(t.dirtyKeys, dirtyKey{k, rec})
 	}
 	t.rev = rev
 	switch {
@@ -654,7 +788,7 @@ func (t *Tx) write(key, value []byte, live bool, fnc Token, wasLive, hadTomb boo
 		t.live--
 	}
 	t.dirty = true
-	return rev, nil
+	return k, rec, rev, nil
 }
 
 func raise(cur Token, w Write) Token {
@@ -672,11 +806,11 @@ func (t *Tx) Put(key, value []byte, w Write) (Entry, error) {
 		return cur, err
 	}
 	nf := raise(cur.Fence, w)
-	rev, err := t.write(key, value, true, nf, cur.Found, ok && !cur.Found)
+	k, rec, rev, err := t.write(key, value, true, nf, cur.Found, ok && !cur.Found)
 	if err != nil {
 		return cur, err
 	}
-	return Entry{Key: key, Value: value, Found: true, Fence: nf, Revision: rev}, nil
+	return Entry{Key: k, Value: rec[recHeader:], Found: true, Fence: nf, Revision: rev}, nil
 }
 
 // Delete removes key if the fence rule accepts w. The fence survives. A
@@ -697,7 +831,7 @@ func (t *Tx) Delete(key []byte, w Write) (deleted bool, e Entry, err error) {
 		t.dirty = true
 		return false, Entry{Key: key, Fence: nf, Revision: t.rev}, nil
 	}
-	rev, err := t.write(key, nil, false, nf, cur.Found, ok && !cur.Found)
+	_, _, rev, err := t.write(key, nil, false, nf, cur.Found, ok && !cur.Found)
 	if err != nil {
 		return false, cur, err
 	}
@@ -770,29 +904,38 @@ func (t *Tx) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, mor
 	return items, more
 }
 
-// Lock returns the stored lease record of a lock, or nil. The slice is a
-// copy.
-func (t *Tx) Lock(name []byte) []byte {
+// Lock returns the stored lease record of a lock, or nil. The slice is the
+// store's, not a copy (lease decodes it at once): valid until the
+// transaction's next write or its end, and not to be changed.
+func (t *Tx) Lock(name string) []byte {
 	if rec, ok := t.view.lock(name); ok {
-		return bytes.Clone(rec)
+		return rec
 	}
-	return bytes.Clone(t.locksBucket().Get(name))
+	return t.locksBucket().Get([]byte(name))
 }
 
-// PutLock stores a lock's lease record.
-func (t *Tx) PutLock(name, rec []byte) error {
-	if t.dirtyLocks != nil {
-		t.dirtyLocks[string(name)] = struct{}{}
+// PutLock stores a lock's lease record. The store keeps rec (bbolt until
+// the commit, and the overlay once published): the caller must not change
+// it.
+func (t *Tx) PutLock(name string, rec []byte) error {
+	if err := t.locksBucket().Put([]byte(name), rec); err != nil {
+		return err
 	}
-	return t.locksBucket().Put(name, rec)
+	if t.writer {
+		t.dirtyLocks[name] = rec
+	}
+	return nil
 }
 
 // DeleteLock removes a lock's lease record.
-func (t *Tx) DeleteLock(name []byte) error {
-	if t.dirtyLocks != nil {
-		t.dirtyLocks[string(name)] = struct{}{}
+func (t *Tx) DeleteLock(name string) error {
+	if err := t.locksBucket().Delete([]byte(name)); err != nil {
+		return err
 	}
-	return t.locksBucket().Delete(name)
+	if t.writer {
+		t.dirtyLocks[name] = nil
+	}
+	return nil
 }
 
 // Locks calls fn for each lock record whose name starts with prefix and is

@@ -618,19 +618,19 @@ func TestLocksBucket(t *testing.T) {
 	s := openStore(t)
 	update(t, s, func(tx *Tx) {
 		for _, n := range []string{"a", "l/1", "l/2", "l/3", "m"} {
-			if err := tx.PutLock([]byte(n), []byte("rec-"+n)); err != nil {
+			if err := tx.PutLock(n, []byte("rec-"+n)); err != nil {
 				t.Fatal(err)
 			}
 		}
-		if err := tx.DeleteLock([]byte("l/2")); err != nil {
+		if err := tx.DeleteLock("l/2"); err != nil {
 			t.Fatal(err)
 		}
 	})
 	_ = s.View(func(tx *Tx) error {
-		if got := tx.Lock([]byte("l/1")); string(got) != "rec-l/1" {
+		if got := tx.Lock("l/1"); string(got) != "rec-l/1" {
 			t.Errorf("Lock(l/1) = %q; want %q", got, "rec-l/1")
 		}
-		if got := tx.Lock([]byte("l/2")); got != nil {
+		if got := tx.Lock("l/2"); got != nil {
 			t.Errorf("Lock(l/2) = %q after delete; want nil", got)
 		}
 		tests := []struct {

@@ -1,7 +1,6 @@
 package kv
 
 import (
-	"bytes"
 	"slices"
 	"strings"
 	"sync"
@@ -21,8 +20,8 @@ import (
 //
 //   - A generation (gen) holds the records published between two
 //     checkpoints. Its maps only ever gain versions, and each version is
-//     immutable once stored (but for its prev link, below), so readers may
-//     read them while Publish adds more (sync.Map).
+//     immutable once published (but for its prev link, below), so readers
+//     may read them while Publish adds more (sync.Map).
 //   - Publish numbers its batch (seq), stores each changed record as a new
 //     version with that number in front of the key's older ones, and only
 //     then makes a view of the new number current (under the lock). A
@@ -56,8 +55,23 @@ type overlay struct {
 
 // gen is the records published between two checkpoints.
 type gen struct {
-	keys  sync.Map // key -> *version; a record as in the keys bucket, the live flag cleared for a deleted key (fence and revision, no value); nil: no record
-	locks sync.Map // lock name -> *version; nil: deleted
+	keys  names // a record as in the keys bucket, the live flag cleared for a deleted key (fence and revision, no value); nil: no record
+	locks names // a lease record; nil: deleted
+}
+
+// names are the chains of versions of the keys (or locks) published in a
+// generation.
+type names struct {
+	m sync.Map     // name -> *chain
+	n atomic.Int64 // chains in m: with none (as in most generations' locks, or keys, in a workload of the other), a read skips the lookup
+}
+
+// chain is one name's versions, newest first. m keeps a chain for the
+// generation's life, so that Publish adds a version by moving head
+// rather than by replacing the map's entry (which allocates).
+type chain struct {
+	head  atomic.Pointer[version]
+	first version // the first version published, in the same allocation
 }
 
 // version is a record as of one Publish.
@@ -101,20 +115,27 @@ func (o *overlay) publish(w *Tx) {
 	// A view replaced earlier with no readers left is never held again
 	// (Begin pins only cur): the oldest one still held bounds what
 	// readers may read.
-	for len(o.old) > 0 && o.old[0].readers.Load() == 0 {
-		o.old[0] = nil
-		o.old = o.old[1:]
+	done := 0
+	for done < len(o.old) && o.old[done].readers.Load() == 0 {
+		done++
 	}
+	// Shift rather than reslice, so that o.old keeps its room for the
+	// append below.
+	n := copy(o.old, o.old[done:])
+	clear(o.old[n:])
+	o.old = o.old[:n]
 	floor := cur.seq
 	if len(o.old) > 0 {
 		floor = o.old[0].seq
 	}
 	seq := cur.seq + 1
-	for k := range w.dirtyKeys {
-		add(&cur.g.keys, k, seq, w.record([]byte(k)), floor)
+	// The records are the writer's own (Tx.write, Tx.PutLock), which
+	// never change: readers may share them with bbolt.
+	for _, d := range w.dirtyKeys {
+		cur.g.keys.addKey(d.key, seq, d.rec, floor)
 	}
-	for k := range w.dirtyLocks {
-		add(&cur.g.locks, k, seq, bytes.Clone(w.locksBucket().Get([]byte(k))), floor)
+	for k, rec := range w.dirtyLocks {
+		cur.g.locks.add(k, seq, rec, floor)
 	}
 	next := &view{g: cur.g, seq: seq, set: true, rev: w.rev, last: w.lastToken, live: w.live}
 	o.mu.Lock()
@@ -123,21 +144,51 @@ func (o *overlay) publish(w *Tx) {
 	o.old = append(o.old, cur)
 }
 
-// add stores rec as name's version seq in m, and unlinks the versions
-// below the newest one at or below floor, which no reader may read.
-func add(m *sync.Map, name string, seq uint64, rec []byte, floor uint64) {
+// add stores rec as name's version seq, and unlinks the versions below
+// the newest one at or below floor, which no reader may read.
+func (ns *names) add(name string, seq uint64, rec []byte, floor uint64) {
+	if p, ok := ns.m.Load(name); ok {
+		p.(*chain).push(seq, rec, floor)
+		return
+	}
+	ns.create(name, seq, rec)
+}
+
+// addKey is add for a key as bytes: it makes a string of it only for a
+// key new to the generation.
+func (ns *names) addKey(key []byte, seq uint64, rec []byte, floor uint64) {
+	if p, ok := ns.m.Load(string(key)); ok {
+		p.(*chain).push(seq, rec, floor)
+		return
+	}
+	ns.create(string(key), seq, rec)
+}
+
+func (ns *names) create(name string, seq uint64, rec []byte) {
+	c := &chain{first: version{seq: seq, rec: rec}}
+	c.head.Store(&c.first)
+	ns.m.Store(name, c)
+	ns.n.Add(1)
+}
+
+func (c *chain) push(seq uint64, rec []byte, floor uint64) {
+	prev := c.head.Load()
+	if prev.seq == seq {
+		// Written twice in the batch being published: no reader reads
+		// a version of it yet (readers read no version above their
+		// view's seq), so the newer record replaces the older.
+		prev.rec = rec
+		return
+	}
 	v := &version{seq: seq, rec: rec}
-	if p, ok := m.Load(name); ok {
-		prev := p.(*version)
-		v.prev.Store(prev)
-		for o := prev; o != nil; o = o.prev.Load() {
-			if o.seq <= floor {
-				o.prev.Store(nil)
-				break
-			}
+	v.prev.Store(prev)
+	for o := prev; o != nil; o = o.prev.Load() {
+		if o.seq <= floor {
+			o.prev.Store(nil)
+			break
 		}
 	}
-	m.Store(name, v)
+	c.head.Store(v)
 }
 
 // checkpoint makes a view of a new, empty generation current. The caller
@@ -147,14 +198,17 @@ func (o *overlay) checkpoint() {
 	o.old = nil
 }
 
-// at returns the record of name in m as of the view; ok is false if the
+// at returns the record of name in ns as of the view; ok is false if the
 // view has no version of it (or v is nil): the file's is current.
-func (v *view) at(m *sync.Map, name []byte) (rec []byte, ok bool) {
-	p, ok := m.Load(string(name))
+func (v *view) at(ns *names, name string) (rec []byte, ok bool) {
+	if ns.n.Load() == 0 {
+		return nil, false
+	}
+	p, ok := ns.m.Load(name)
 	if !ok {
 		return nil, false
 	}
-	for o := p.(*version); o != nil; o = o.prev.Load() {
+	for o := p.(*chain).head.Load(); o != nil; o = o.prev.Load() {
 		if o.seq <= v.seq {
 			return o.rec, true
 		}
@@ -166,10 +220,10 @@ func (v *view) key(key []byte) ([]byte, bool) {
 	if v == nil {
 		return nil, false
 	}
-	return v.at(&v.g.keys, key)
+	return v.at(&v.g.keys, string(key))
 }
 
-func (v *view) lock(name []byte) ([]byte, bool) {
+func (v *view) lock(name string) ([]byte, bool) {
 	if v == nil {
 		return nil, false
 	}
@@ -184,14 +238,17 @@ type ovRecord struct {
 
 // span returns the view's records in m whose names start with prefix and
 // are >= from, in byte order.
-func (v *view) span(m *sync.Map, prefix, from []byte) []ovRecord {
+func (v *view) span(ns *names, prefix, from []byte) []ovRecord {
+	if ns.n.Load() == 0 {
+		return nil
+	}
 	var out []ovRecord
-	m.Range(func(k, p any) bool {
+	ns.m.Range(func(k, p any) bool {
 		name := k.(string)
 		if !strings.HasPrefix(name, string(prefix)) || name < string(from) {
 			return true
 		}
-		for o := p.(*version); o != nil; o = o.prev.Load() {
+		for o := p.(*chain).head.Load(); o != nil; o = o.prev.Load() {
 			if o.seq <= v.seq {
 				out = append(out, ovRecord{name, o.rec})
 				break

@@ -26,7 +26,7 @@ func state(t *testing.T, tx *Tx) string {
 	for _, e := range items {
 		fmt.Fprintf(&b, "%s=%s ", e.Key, e.Value)
 	}
-	fmt.Fprintf(&b, "| L=%s rev=%d keys=%d", tx.Lock([]byte("L")), tx.Revision(), tx.Keys())
+	fmt.Fprintf(&b, "| L=%s rev=%d keys=%d", tx.Lock("L"), tx.Revision(), tx.Keys())
 	return b.String()
 }
 
@@ -66,7 +66,7 @@ func TestReaderKeepsItsState(t *testing.T) {
 				w.Put(fmt.Appendf(nil, "k%d", i), []byte(v), Write{Token: 1})
 			}
 		}
-		w.PutLock([]byte("L"), []byte(v))
+		w.PutLock("L", []byte(v))
 	}
 	put("0", -1)
 	s.Publish()
@@ -137,14 +137,14 @@ func TestReaderKeepsItsState(t *testing.T) {
 	}
 }
 
-// chain is the number of versions the overlay keeps of key.
-func chain(s *Store, key string) int {
-	p, ok := s.ov.cur.g.keys.Load(key)
+// versions is the number of versions the overlay keeps of key.
+func versions(s *Store, key string) int {
+	p, ok := s.ov.cur.g.keys.m.Load(key)
 	if !ok {
 		return 0
 	}
 	n := 0
-	for v := p.(*version); v != nil; v = v.prev.Load() {
+	for v := p.(*chain).head.Load(); v != nil; v = v.prev.Load() {
 		n++
 	}
 	return n
@@ -165,7 +165,7 @@ func TestVersionsUnlinked(t *testing.T) {
 		}
 	}
 	publish(100)
-	if n := chain(s, "hot"); n > 2 {
+	if n := versions(s, "hot"); n > 2 {
 		t.Fatalf("with no readers, %d versions of a key published 100 times; want at most 2", n)
 	}
 	r, err := s.Begin(false)
@@ -175,7 +175,7 @@ func TestVersionsUnlinked(t *testing.T) {
 	t.Cleanup(r.Rollback) // before Close, which waits for it
 	pinned := string(r.Get([]byte("hot")).Value)
 	publish(50)
-	if n := chain(s, "hot"); n < 51 {
+	if n := versions(s, "hot"); n < 51 {
 		t.Fatalf("with a reader open, %d versions; want the 50 new and the reader's", n)
 	}
 	if got := string(r.Get([]byte("hot")).Value); got != pinned {
@@ -183,7 +183,7 @@ func TestVersionsUnlinked(t *testing.T) {
 	}
 	r.Rollback()
 	publish(1)
-	if n := chain(s, "hot"); n > 2 {
+	if n := versions(s, "hot"); n > 2 {
 		t.Fatalf("after the reader ended, %d versions; want at most 2", n)
 	}
 	if len(s.ov.old) > 1 {
@@ -239,7 +239,7 @@ func TestReadersSeeOneBatch(t *testing.T) {
 				for _, e := range items {
 					want("scan "+string(e.Key), e.Value, true)
 				}
-				lock := tx.Lock([]byte("L"))
+				lock := tx.Lock("L")
 				want("lock L", lock, lock != nil)
 				if x := tx.Get([]byte("x")); x.Found != (b > 0 && b%2 == 0) {
 					t.Errorf("batch %d: x found %v", b, x.Found)
@@ -261,7 +261,7 @@ func TestReadersSeeOneBatch(t *testing.T) {
 		for i := range keys {
 			w.Put(fmt.Appendf(nil, "k%d", i), v, Write{})
 		}
-		w.PutLock([]byte("L"), v)
+		w.PutLock("L", v)
 		if b%2 == 0 {
 			w.Put([]byte("x"), v, Write{})
 		} else {
@@ -285,4 +285,44 @@ func TestReadersSeeOneBatch(t *testing.T) {
 		t.Fatal("no reads ran")
 	}
 	t.Logf("%d reads", reads.Load())
+}
+
+// TestReadersAfterCommit checks the idle bbolt read transactions kept
+// between reads: a read after a commit (Update's, or a Checkpoint's) sees
+// the file the commit wrote, not the one an idle reader began on, also
+// when that reader was in use while the commit ran.
+func TestReadersAfterCommit(t *testing.T) {
+	s := openStore(t)
+	for i := range 3 {
+		v := strconv.Itoa(i)
+		open, err := s.Begin(false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			update(t, s, func(tx *Tx) { tx.Put([]byte("k"), []byte(v), Write{}) })
+		}()
+		time.Sleep(10 * time.Millisecond) // the commit may wait for open, if it grows the file
+		open.Get([]byte("k"))
+		open.Rollback()
+		open.Rollback() // a second Rollback must not end another reader's transaction
+		<-done
+		if got := string(get(t, s, "k").Value); got != v {
+			t.Fatalf("after Update %d: k = %q", i, got)
+		}
+		w, err := s.Writer()
+		if err != nil {
+			t.Fatal(err)
+		}
+		w.Put([]byte("c"), []byte(v), Write{})
+		s.Publish()
+		if err := s.Checkpoint(Marks{}); err != nil {
+			t.Fatal(err)
+		}
+		if got := string(get(t, s, "c").Value); got != v {
+			t.Fatalf("after Checkpoint %d: c = %q", i, got)
+		}
+	}
 }

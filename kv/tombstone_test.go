@@ -366,7 +366,7 @@ func TestUpgradeSchema1(t *testing.T) {
 			if tx.Keys() != 2 || tx.Revision() != 10_010 || tx.LastToken() != 10_009 {
 				t.Errorf("%s: keys, revision, last token = %d, %d, %d", when, tx.Keys(), tx.Revision(), tx.LastToken())
 			}
-			if got := tx.Lock([]byte("L")); string(got) != "lease" {
+			if got := tx.Lock("L"); string(got) != "lease" {
 				t.Errorf("%s: lock L = %q", when, got)
 			}
 			return nil

@@ -50,8 +50,8 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 		for _, k := range []string{"b", "d", "f"} {
 			tx.Put([]byte(k), []byte("file"), Write{})
 		}
-		tx.PutLock([]byte("L1"), []byte("file"))
-		tx.PutLock([]byte("L3"), []byte("file"))
+		tx.PutLock("L1", []byte("file"))
+		tx.PutLock("L3", []byte("file"))
 	})
 	w, err := s.Writer()
 	if err != nil {
@@ -66,8 +66,8 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 	w.Put([]byte("d"), []byte("new"), Write{})
 	w.Delete([]byte("f"), Write{})
 	w.Put([]byte("g"), []byte("new"), Write{})
-	w.PutLock([]byte("L2"), []byte("new"))
-	w.DeleteLock([]byte("L3"))
+	w.PutLock("L2", []byte("new"))
+	w.DeleteLock("L3")
 
 	const before = "b=file d=file f=file "
 	if got := scanKeys(t, s, ""); got != before {
@@ -100,7 +100,7 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 	if err := s.Checkpoint(Marks{Applied: 42, Term: 3}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
-	if v := s.ov.cur; mapLen(&v.g.keys) != 0 || mapLen(&v.g.locks) != 0 || v.set {
+	if v := s.ov.cur; mapLen(&v.g.keys.m) != 0 || mapLen(&v.g.locks.m) != 0 || v.set {
 		t.Fatalf("overlay not emptied by Checkpoint")
 	}
 	if got := scanKeys(t, s, ""); got != after {

@@ -11,7 +11,11 @@ import (
 type index struct {
 	items []*item
 	byKey map[string]*item
+	free  []*item // removed items, for set to reuse: a lock is indexed at each acquire and removed at its release
 }
+
+// maxFreeItems bounds the removed items kept for reuse.
+const maxFreeItems = 64
 
 type item struct {
 	name string
@@ -48,7 +52,15 @@ func (x *index) set(name string, at time.Duration) {
 		heap.Fix(x, it.pos)
 		return
 	}
-	it := &item{name: name, at: at}
+	var it *item
+	if n := len(x.free); n > 0 {
+		it = x.free[n-1]
+		x.free[n-1] = nil
+		x.free = x.free[:n-1]
+		*it = item{name: name, at: at}
+	} else {
+		it = &item{name: name, at: at}
+	}
 	x.byKey[name] = it
 	heap.Push(x, it)
 }
@@ -57,6 +69,10 @@ func (x *index) remove(name string) {
 	if it, ok := x.byKey[name]; ok {
 		heap.Remove(x, it.pos)
 		delete(x.byKey, name)
+		if len(x.free) < maxFreeItems {
+			*it = item{}
+			x.free = append(x.free, it)
+		}
 	}
 }
 

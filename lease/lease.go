@@ -27,9 +27,9 @@ import (
 // implements it.
 type Store interface {
 	NextToken() fence.Token
-	Lock(name []byte) []byte
-	PutLock(name, rec []byte) error
-	DeleteLock(name []byte) error
+	Lock(name string) []byte // the store's record: decode it before the next write
+	PutLock(name string, rec []byte) error
+	DeleteLock(name string) error
 	Locks(prefix, start []byte, fn func(name, rec []byte) bool)
 }
 
@@ -145,7 +145,7 @@ func (m *Manager) addHeld(n int) {
 }
 
 func load(st Store, name string) (Record, bool, error) {
-	raw := st.Lock([]byte(name))
+	raw := st.Lock(name)
 	if raw == nil {
 		return Record{}, false, nil
 	}
@@ -157,7 +157,7 @@ func load(st Store, name string) (Record, bool, error) {
 }
 
 func store(st Store, name string, r *Record) error {
-	return st.PutLock([]byte(name), r.marshal())
+	return st.PutLock(name, r.marshal())
 }
 
 // Acquire grants the lock if it is free at now: not held by a live lease
@@ -253,7 +253,7 @@ func (m *Manager) Release(st Store, now time.Duration, name string, token fence.
 	if err := check(r, ok, name, token, now); err != nil {
 		return err
 	}
-	if err := st.DeleteLock([]byte(name)); err != nil {
+	if err := st.DeleteLock(name); err != nil {
 		return err
 	}
 	m.addHeld(-1)
@@ -294,7 +294,7 @@ func (m *Manager) Expire(st Store, now time.Duration, name string) (freed, chang
 			return false, false, nil
 		}
 		m.unsetDue(name)
-		return false, true, st.DeleteLock([]byte(name))
+		return false, true, st.DeleteLock(name)
 	}
 	if r.DelayUntil != 0 && now >= r.DelayUntil {
 		r.DelayUntil = 0

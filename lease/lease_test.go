@@ -196,7 +196,7 @@ func wantCode(t *testing.T, err error, code fence.Code) *fence.Error {
 func rawRecord(t *testing.T, s *kv.Store, name string) []byte {
 	t.Helper()
 	var b []byte
-	_ = s.View(func(tx *kv.Tx) error { b = tx.Lock([]byte(name)); return nil })
+	_ = s.View(func(tx *kv.Tx) error { b = bytes.Clone(tx.Lock(name)); return nil })
 	return b
 }
 
@@ -534,7 +534,7 @@ func TestRearm(t *testing.T) {
 
 func TestRearmBadRecord(t *testing.T) {
 	s, m := testStore(t), NewManager()
-	in(t, s, func(tx *kv.Tx) { tx.PutLock([]byte("bad"), []byte{0xff}) })
+	in(t, s, func(tx *kv.Tx) { tx.PutLock("bad", []byte{0xff}) })
 	err := s.Update(func(tx *kv.Tx) error { return m.Rearm(tx, 0) })
 	if err == nil {
 		t.Fatalf("Rearm with a corrupt record = nil; want an error")
@@ -544,7 +544,7 @@ func TestRearmBadRecord(t *testing.T) {
 	if err == nil {
 		t.Fatalf("Info of a corrupt record = nil; want an error")
 	}
-	in(t, s, func(tx *kv.Tx) { tx.PutLock([]byte("empty"), []byte{}) })
+	in(t, s, func(tx *kv.Tx) { tx.PutLock("empty", []byte{}) })
 	err = s.View(func(tx *kv.Tx) error { _, err := m.Info(tx, 0, "empty"); return err })
 	if err == nil {
 		t.Fatalf("Info of an empty record = nil; want an error")

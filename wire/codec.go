@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math"
 	"time"
 	"unicode/utf8"
@@ -40,8 +41,7 @@ var errNoID = errors.New("malformed message: no msgid")
 // response to m.msgid; without it, the connection should be closed.
 // m.params is a slice of frame, not a copy.
 func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, err error) {
-	r := bytes.NewReader(frame)
-	dec.Reset(r)
+	r := resetDecoder(dec, frame)
 	n, err := dec.DecodeArrayLen()
 	if err != nil || (n != 4 && n != 3) {
 		return m, false, fmt.Errorf("%w: want an array of 3 or 4, got %d (%v)", errNoID, n, err)
@@ -63,9 +63,11 @@ func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, er
 	default:
 		return m, false, fmt.Errorf("%w: message type %d with %d elements", errNoID, typ, n)
 	}
-	if m.method, err = dec.DecodeString(); err != nil {
+	name, err := rawString(dec, r, frame)
+	if err != nil {
 		return m, hasID, badRequest("method must be a string")
 	}
+	m.method = internMethod(name)
 	np, err := dec.DecodeArrayLen()
 	if err != nil {
 		return m, hasID, badRequest("params must be an array")
@@ -86,6 +88,61 @@ func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, er
 		return m, hasID, nil
 	}
 	return m, hasID, badRequest("params must be an array holding one map, got %d elements", np)
+}
+
+// resetDecoder points dec at b, and returns the reader it reads b from.
+// The decoder of a connection parses every frame: it reuses the
+// *bytes.Reader it read the last one from, rather than allocating one per
+// frame (and one more per params map).
+func resetDecoder(dec *msgpack.Decoder, b []byte) *bytes.Reader {
+	r, ok := dec.Buffered().(*bytes.Reader)
+	if ok {
+		r.Reset(b)
+	} else {
+		r = bytes.NewReader(b)
+	}
+	dec.Reset(r)
+	return r
+}
+
+// rawString reads a str (or bin, or nil: empty) as DecodeString does, but
+// returns it as a slice of b, the bytes r reads, rather than a new string:
+// valid only while b is. dec must read from r (resetDecoder).
+func rawString(dec *msgpack.Decoder, r *bytes.Reader, b []byte) ([]byte, error) {
+	n, err := dec.DecodeBytesLen()
+	if err != nil {
+		return nil, err
+	}
+	n = max(n, 0) // nil
+	if n > r.Len() {
+		return nil, io.ErrUnexpectedEOF
+	}
+	at := len(b) - r.Len()
+	r.Seek(int64(n), io.SeekCurrent)
+	return b[at : at+n : at+n], nil
+}
+
+// methodNames holds the name of every method the server knows, so that
+// parsing a request's method takes the name from here instead of
+// allocating it.
+var methodNames = func() map[string]string {
+	names := map[string]string{}
+	for _, n := range []string{"watch", "unwatch", "backup", "backup_read"} { // the connection's own (server.go, backup.go)
+		names[n] = n
+	}
+	for n := range methods {
+		names[n] = n
+	}
+	return names
+}()
+
+// internMethod returns b as a string: a known method's name without an
+// allocation.
+func internMethod(b []byte) string {
+	if n, ok := methodNames[string(b)]; ok {
+		return n
+	}
+	return string(b)
 }
 
 func badRequest(format string, args ...any) *fencekv.Error {
@@ -160,6 +217,8 @@ type args struct {
 	name                      string // auth
 	secret                    []byte // auth
 	has                       field
+
+	acquireOpts fencekv.AcquireOptions // what acquire passes the engine (methods.go)
 }
 
 // size is the memory the arguments hold: their bytes, plus the struct.
@@ -174,13 +233,14 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 	if raw == nil {
 		return nil
 	}
-	dec.Reset(bytes.NewReader(raw))
+	r := resetDecoder(dec, raw)
+	var own arena
 	n, err := dec.DecodeMapLen()
 	if err != nil {
 		return badRequest("params must be an array holding one map")
 	}
 	for i := 0; i < n; i++ {
-		name, err := dec.DecodeString()
+		name, err := rawString(dec, r, raw)
 		if err != nil {
 			return badRequest("param names must be strings")
 		}
@@ -188,25 +248,21 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			dec.Skip()
 			continue
 		}
-		f := fields[name]
+		f := fields[string(name)]
 		a.has |= f
 		switch f {
 		case fKey:
-			a.key, err = decodeBytes(dec)
+			a.key, err = own.bytes(dec, r, raw)
 		case fValue:
-			a.value, err = decodeBytes(dec)
+			a.value, err = own.bytes(dec, r, raw)
 		case fPrefix:
-			a.prefix, err = decodeBytes(dec)
+			a.prefix, err = own.bytes(dec, r, raw)
 		case fStart:
-			a.start, err = decodeBytes(dec)
+			a.start, err = own.bytes(dec, r, raw)
 		case fLock:
-			var b []byte
-			b, err = decodeBytes(dec)
-			a.lock = string(b)
+			a.lock, err = decodeString(dec, r, raw)
 		case fHolder:
-			var b []byte
-			b, err = decodeBytes(dec)
-			a.holder = string(b)
+			a.holder, err = decodeString(dec, r, raw)
 		case fToken:
 			a.token, err = decodeUint(dec)
 		case fRevision:
@@ -239,15 +295,11 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 		case fOps:
 			a.ops, err = decodeOps(dec)
 		case fConsistency:
-			var b []byte
-			b, err = decodeBytes(dec)
-			a.consistency = string(b)
+			a.consistency, err = decodeString(dec, r, raw)
 		case fName:
-			var b []byte
-			b, err = decodeBytes(dec)
-			a.name = string(b)
+			a.name, err = decodeString(dec, r, raw)
 		case fSecret:
-			a.secret, err = decodeBytes(dec)
+			a.secret, err = own.bytes(dec, r, raw)
 		case fStrict:
 			a.strict, err = dec.DecodeBool()
 			if err != nil {
@@ -261,6 +313,50 @@ func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 		}
 	}
 	return nil
+}
+
+// decodeString reads a str or bin as decodeBytes does, into a string of
+// its own (one allocation, not a []byte and then a string).
+func decodeString(dec *msgpack.Decoder, r *bytes.Reader, b []byte) (string, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return "", errors.New("want str or bin")
+	}
+	s, err := rawString(dec, r, b)
+	return string(s), err
+}
+
+// arena holds copies of the byte params of one request (key, value...),
+// which the args must own (the frame is reused): all of them in one
+// allocation.
+type arena []byte
+
+// bytes reads a str or bin as decodeBytes does, into the arena. b is the
+// bytes r reads, as for rawString.
+func (ar *arena) bytes(dec *msgpack.Decoder, r *bytes.Reader, b []byte) ([]byte, error) {
+	c, err := dec.PeekCode()
+	if err != nil {
+		return nil, err
+	}
+	if !msgpcode.IsString(c) && !msgpcode.IsBin(c) {
+		return nil, errors.New("want str or bin")
+	}
+	// What is left of the params holds this and every later byte
+	// param: the first one sizes the arena for them all.
+	left := r.Len()
+	v, err := rawString(dec, r, b)
+	if err != nil || len(v) == 0 {
+		return []byte{}, err
+	}
+	if cap(*ar)-len(*ar) < len(v) {
+		*ar = make([]byte, 0, left)
+	}
+	n := len(*ar)
+	*ar = append(*ar, v...)
+	return (*ar)[n : n+len(v) : n+len(v)], nil
 }
 
 func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {

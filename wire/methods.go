@@ -238,11 +238,14 @@ func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fLock, fTTL); err != nil {
 		return err
 	}
-	l, err := eng.Acquire(ctx, a.lock, ms(a.ttlMs), &fencekv.AcquireOptions{
+	// The options go to the engine by pointer, through an interface, so
+	// they live on the heap: in a, which does already.
+	a.acquireOpts = fencekv.AcquireOptions{
 		Holder:    a.holder,
 		Wait:      ms(a.waitMs),
 		LockDelay: ms(a.delayMs),
-	})
+	}
+	l, err := eng.Acquire(ctx, a.lock, ms(a.ttlMs), &a.acquireOpts)
 	auditAcquire(ctx, a, l, err)
 	if err != nil {
 		return err
