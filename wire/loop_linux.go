@@ -14,7 +14,6 @@ import (
 	"time"
 	"unsafe"
 
-	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -86,7 +85,7 @@ func (s *Server) looped(c *conn) bool {
 	if !s.cfg.EventLoop || s.cfg.TLS != nil || s.loopBroken {
 		return false
 	}
-	if _, ok := s.eng.(*fencekv.DB); !ok {
+	if s.db == nil {
 		return false
 	}
 	tc, ok := c.nc.(*net.TCPConn)

@@ -106,6 +106,7 @@ var ErrServerClosed = errors.New("wire: server closed")
 // Server serves the MessagePack-RPC protocol over TCP.
 type Server struct {
 	eng Engine
+	db  *fencekv.DB // eng, if it is one: the event loop starts its writes (start.go)
 	cfg Config
 	log *slog.Logger
 
@@ -149,6 +150,7 @@ func NewServer(eng Engine, cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
+	s.db, _ = eng.(*fencekv.DB)
 	s.base, s.cancel = context.WithCancel(context.Background())
 	return s, nil
 }
@@ -593,6 +595,10 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool) bool {
 		c.pending.Add(m.held)
 	}
 	c.handlers.Add(1)
+	if st := c.starterFor(&m, &a); st != nil {
+		c.start(st, m, &a) // start.go: no goroutine waits for the commit
+		return true
+	}
 	c.s.goHandle(c, m, &a)
 	return true
 }

@@ -1,0 +1,184 @@
+package wire
+
+import (
+	"fmt"
+	"runtime/debug"
+	"time"
+
+	"github.com/fencekv/fencekv"
+)
+
+// Started writes. On the event loop, a write to a *fencekv.DB needs no
+// goroutine: the loop reads it, checks it, and starts it (DB.Start); the
+// goroutine that commits its batch calls back with the result, and the
+// answer is written from there. A goroutine that waits for the commit, and
+// its wake-up, is what a write costs a goroutine connection; here there is
+// none. An acquire that may wait for the lock still gets a handler.
+
+// starter checks a write's arguments and returns its command and fencing,
+// and the encoder of its result map from the command's Result.
+type starter func(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error)
+
+// starters are the methods the event loop starts.
+var starters = map[string]starter{
+	"put":     startPut,
+	"delete":  startDelete,
+	"cas":     startCAS,
+	"incr":    startIncr,
+	"acquire": startAcquire,
+	"renew":   startRenew,
+	"release": startRelease,
+}
+
+func writtenOf(r fencekv.Result) fencekv.WriteResult {
+	return fencekv.WriteResult{Fence: r.Entry.Fence, Revision: r.Entry.Revision}
+}
+
+func startPut(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fKey, fValue); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	w, err := a.write()
+	return fencekv.Command{Op: fencekv.OpPut, Key: a.key, Value: a.value}, w, func(e *encoder, _ *args, r fencekv.Result) {
+		e.written(writtenOf(r), 0)
+	}, err
+}
+
+func startDelete(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fKey); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	w, err := a.write()
+	return fencekv.Command{Op: fencekv.OpDelete, Key: a.key}, w, func(e *encoder, _ *args, r fencekv.Result) {
+		e.written(writtenOf(r), 1)
+		e.bool("deleted", r.Deleted)
+	}, err
+}
+
+func startCAS(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fKey, fRevision, fValue); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	w, err := a.write()
+	return fencekv.Command{Op: fencekv.OpCAS, Key: a.key, Revision: fencekv.Revision(a.revision), Value: a.value}, w, func(e *encoder, _ *args, r fencekv.Result) {
+		e.written(writtenOf(r), 0)
+	}, err
+}
+
+func startIncr(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fKey, fDelta); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	w, err := a.write()
+	return fencekv.Command{Op: fencekv.OpIncr, Key: a.key, Delta: a.delta}, w, func(e *encoder, _ *args, r fencekv.Result) {
+		e.written(writtenOf(r), 1)
+		e.int("value", r.Int)
+	}, err
+}
+
+func startAcquire(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fLock, fTTL); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	c := fencekv.Command{Op: fencekv.OpAcquire, Lease: fencekv.LeaseRequest{Name: a.lock, TTL: ms(a.ttlMs), Holder: a.holder, LockDelay: ms(a.delayMs)}}
+	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r fencekv.Result) {
+		e.granted(r.Grant.Token, r.Grant.TTL)
+	}, nil
+}
+
+func startRenew(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fLock, fToken); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	c := fencekv.Command{Op: fencekv.OpRenew, Lease: fencekv.LeaseRequest{Name: a.lock}, Token: fencekv.Token(a.token)}
+	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r fencekv.Result) {
+		e.EncodeMapLen(1)
+		e.int("ttl_ms", toMs(r.TTL))
+	}, nil
+}
+
+func startRelease(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+	if err := need(a, fLock, fToken); err != nil {
+		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	c := fencekv.Command{Op: fencekv.OpRelease, Lease: fencekv.LeaseRequest{Name: a.lock}, Token: fencekv.Token(a.token)}
+	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r fencekv.Result) {
+		e.EncodeMapLen(0)
+	}, nil
+}
+
+// starterFor returns the starter of m on c, or nil if m is served by a
+// handler: c is not on the event loop, the method is not started, or it
+// is an acquire with a wait (or a bad one, which its handler refuses).
+func (c *conn) starterFor(m *message, a *args) starter {
+	if c.raw == nil || c.s.db == nil {
+		return nil
+	}
+	st := starters[m.method]
+	if st == nil || m.method == "acquire" && a.waitMs != 0 {
+		return nil
+	}
+	return st
+}
+
+// start serves m as handle does, with the engine's wait replaced by
+// DB.Start: its checks and its refusals are answered at once, its result
+// when the batch that applied it is durable. c.handlers counts it until
+// it is answered.
+func (c *conn) start(st starter, m message, a *args) {
+	var began time.Time
+	if c.s.cfg.Observe != nil {
+		began = time.Now()
+	}
+	done := func(code fencekv.Code) {
+		if c.s.cfg.Observe != nil {
+			c.s.cfg.Observe(m.method, code, time.Since(began))
+		}
+		c.handlers.Done()
+	}
+	e := encoderPool.Get().(*encoder)
+	e.response(m.msgid)
+	refuse := func(err error) fencekv.Code {
+		fe := asError(err)
+		e.response(m.msgid)
+		c.finish(m, e, fe)
+		return fe.Code
+	}
+	ctx, ferr := c.authorize(c.base, m.method, a) // auth.go
+	if ferr != nil {
+		done(refuse(ferr))
+		return
+	}
+	cmd, w, encode, err := st(a)
+	if err != nil {
+		done(refuse(err))
+		return
+	}
+	e.EncodeNil() // the error slot; the result follows
+	c.s.db.Start(ctx, cmd, w, func(r fencekv.Result) {
+		var code fencekv.Code
+		defer func() {
+			if p := recover(); p != nil {
+				c.s.log.Error("panic answering a request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
+				code = fencekv.CodeInternal
+				e.response(m.msgid)
+				c.finish(m, e, &fencekv.Error{Code: code, Message: fmt.Sprintf("internal error serving %s", m.method)})
+			}
+			done(code)
+		}()
+		switch m.method {
+		case "acquire":
+			auditAcquire(ctx, a, fencekv.Lease{Name: a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
+		case "renew":
+			auditRenew(ctx, a, r.Err)
+		case "release":
+			auditRelease(ctx, a, r.Err)
+		}
+		if r.Err != nil {
+			code = refuse(r.Err)
+			return
+		}
+		encode(e, a, r)
+		c.send(m, e)
+	})
+}
