@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"runtime"
 	"sync"
 	"syscall"
 	"time"
@@ -52,6 +53,10 @@ const epollET = 1 << 31
 // loopReadSize is the loop's read buffer, shared by its connections: one
 // read takes up to this much of what a client sent.
 const loopReadSize = 64 << 10
+
+// loopYields is how often the loop yields, finding no event, before it
+// parks until one comes.
+const loopYields = 2
 
 // maxIovecs is the most buffers one writev is given (IOV_MAX).
 const maxIovecs = 1024
@@ -222,16 +227,24 @@ func (l *eventLoop) run() {
 	// wait takes the events ready now, without blocking; false has rc.Read
 	// park the goroutine until the epoll descriptor is readable.
 	wait := func(fd uintptr) bool {
-		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_WAIT, fd, uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
-		switch {
-		case errno == syscall.EINTR:
-			return false
-		case errno != 0:
-			werr = errno
-			return true
+		for yielded := 0; ; yielded++ {
+			r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_WAIT, fd, uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+			switch {
+			case errno == syscall.EINTR:
+				return false
+			case errno != 0:
+				werr = errno
+				return true
+			}
+			if n = int(r); n > 0 || yielded == loopYields {
+				return n > 0
+			}
+			// Let the goroutines this round woke (answers, commits)
+			// run first: under load, more requests arrive meanwhile,
+			// and the loop takes them without parking and being woken
+			// by the runtime's poller, which costs more.
+			runtime.Gosched()
 		}
-		n = int(r)
-		return n > 0
 	}
 	for {
 		n = 0
