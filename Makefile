@@ -27,8 +27,12 @@ fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \
 	if [ -n "$$out" ]; then echo "gofmt would change:"; echo "$$out"; exit 1; fi
 
+# The wire tests run twice: connections on the event loop (the default on
+# Linux), then each served by a goroutine of its own (TLS, clusters, other
+# systems, --event-loop=false).
 race:
 	$(GO) test -race -count=1 -timeout 20m ./...
+	FENCEKV_TEST_EVENT_LOOP=0 $(GO) test -race -count=1 -timeout 10m ./wire
 
 test: vet fmt-check race
 

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -46,6 +47,9 @@ func startServer(tb testing.TB, edit func(*fencekv.Options, *wire.Config)) *test
 	o := fencekv.DefaultOptions()
 	o.NoSync = true
 	cfg := wire.DefaultConfig()
+	// FENCEKV_TEST_EVENT_LOOP=0 (make test's second run) serves each
+	// connection from a goroutine, unless the test chooses.
+	cfg.EventLoop = os.Getenv("FENCEKV_TEST_EVENT_LOOP") != "0"
 	if edit != nil {
 		edit(&o, &cfg)
 	}
