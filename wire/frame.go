@@ -203,29 +203,55 @@ var errShortFrame = errors.New("incomplete message")
 // frameReader.next: it returns the object's length, errShortFrame if b
 // ends before it does, errFrameTooLarge as soon as the object is known to
 // exceed max bytes (or b holds more than max bytes of it), errFrameDepth,
-// or the error of an invalid header byte. The event loop frames with it
-// the bytes that one read brought.
+// or the error of an invalid header byte.
 func scanFrame(b []byte, max int) (int, error) {
-	var stack [maxDepth + 1]int
-	depth := 0
-	stack[0] = 1
-	off := 0
+	var f frameScan
+	return f.scan(b, max)
+}
+
+// frameScan frames the bytes of a message as they arrive (the event loop's
+// reads): after errShortFrame it keeps how far it got, and the next scan,
+// given the same bytes and more, goes on from there, so a message that
+// arrives a byte at a time is walked once, not once per arrival. The zero
+// value starts a message.
+type frameScan struct {
+	stack [maxDepth + 1]int // objects still to read at each depth
+	depth int
+	off   int // bytes of the message walked so far
+	begun bool
+}
+
+// scan walks b, the bytes of one message from its start, from where the
+// last scan stopped. It returns as scanFrame does; after anything but
+// errShortFrame, f starts the next message.
+func (f *frameScan) scan(b []byte, max int) (n int, err error) {
+	if !f.begun {
+		*f = frameScan{begun: true}
+		f.stack[0] = 1
+	}
+	if f.off > len(b) {
+		return 0, errShortFrame // the body of the last object taken is still arriving
+	}
 	for {
-		for depth >= 0 && stack[depth] == 0 {
-			depth--
+		for f.depth >= 0 && f.stack[f.depth] == 0 {
+			f.depth--
 		}
-		if depth < 0 {
-			return off, nil
+		if f.depth < 0 {
+			n := f.off
+			f.begun = false
+			return n, nil
 		}
-		stack[depth]--
+		off := f.off
 		if off >= len(b) {
 			if off >= max {
+				f.begun = false
 				return 0, errFrameTooLarge
 			}
 			return 0, errShortFrame
 		}
 		h, err := header(b[off])
 		if err != nil {
+			f.begun = false
 			return 0, err
 		}
 		off++
@@ -234,9 +260,10 @@ func scanFrame(b []byte, max int) (int, error) {
 			w := int(h.width)
 			if off+w > len(b) {
 				if off+w > max {
+					f.begun = false
 					return 0, errFrameTooLarge
 				}
-				return 0, errShortFrame
+				return 0, errShortFrame // the header again, with its length, next time
 			}
 			n := 0
 			for _, x := range b[off : off+w] {
@@ -246,18 +273,22 @@ func scanFrame(b []byte, max int) (int, error) {
 			body, children = h.counts(n)
 		}
 		if off+body > max {
+			f.begun = false
 			return 0, errFrameTooLarge
 		}
-		off += body
-		if off > len(b) {
-			return 0, errShortFrame
+		if children > 0 && f.depth == maxDepth {
+			f.begun = false
+			return 0, errFrameDepth
 		}
+		// The object's header is whole: take it.
+		f.stack[f.depth]--
+		f.off = off + body
 		if children > 0 {
-			if depth == maxDepth {
-				return 0, errFrameDepth
-			}
-			depth++
-			stack[depth] = children
+			f.depth++
+			f.stack[f.depth] = children
+		}
+		if f.off > len(b) {
+			return 0, errShortFrame // its body has yet to arrive
 		}
 	}
 }

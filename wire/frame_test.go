@@ -361,3 +361,47 @@ func TestScanFrameAgreesWithFrameReader(t *testing.T) {
 		t.Errorf("%d nested arrays: %v; want errFrameDepth", maxDepth+1, err)
 	}
 }
+
+// TestFrameScanResumes: a message scanned as it arrives, a byte at a time
+// or in pieces, is framed as it is whole; the scan resumes where it
+// stopped rather than walking the message again.
+func TestFrameScanResumes(t *testing.T) {
+	msgs := everyType(t)
+	for i, m := range msgs {
+		for _, step := range []int{1, 3, 1000} {
+			if len(m) > 100_000 && step < 1000 {
+				continue
+			}
+			var f frameScan
+			for k := step; k < len(m); k += step {
+				if n, err := f.scan(m[:k], 1<<20); err != errShortFrame {
+					t.Fatalf("message %d, %d of %d bytes in steps of %d: %d, %v; want errShortFrame", i, k, len(m), step, n, err)
+				}
+			}
+			// Whole, with the next message's first byte behind it.
+			if n, err := f.scan(append(bytes.Clone(m), 0xc0), 1<<20); err != nil || n != len(m) {
+				t.Fatalf("message %d whole, in steps of %d: %d, %v; want %d", i, step, n, err, len(m))
+			}
+		}
+	}
+	// A message of many small objects, a byte at a time: the scan walks
+	// each byte a bounded number of times.
+	var buf bytes.Buffer
+	e := msgpack.NewEncoder(&buf)
+	e.EncodeArrayLen(20000)
+	for range 20000 {
+		e.EncodeInt(1)
+	}
+	m := buf.Bytes()
+	var f frameScan
+	for k := 1; k <= len(m); k++ {
+		n, err := f.scan(m[:k], 1<<20)
+		if k < len(m) && err != errShortFrame || k == len(m) && (err != nil || n != len(m)) {
+			t.Fatalf("%d of %d bytes: %d, %v", k, len(m), n, err)
+		}
+		if k < len(m) && f.off < k-4 {
+			// Only a header waiting for its length may be left to walk.
+			t.Fatalf("%d of %d bytes: the scan is at %d; want it to have walked them all, once", k, len(m), f.off)
+		}
+	}
+}

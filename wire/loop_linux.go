@@ -76,6 +76,7 @@ type eventLoop struct {
 	resumed []*conn         // connections to read again: their budget has room (wake)
 	woken   bool            // a byte is in the pipe, unread
 	quit    bool            // the server is closing: end once no connection is left
+	dead    bool            // the loop failed: it takes no connection
 
 	// The loop goroutine's alone.
 	buf []byte
@@ -158,6 +159,9 @@ func (l *eventLoop) add(c *conn) error {
 	ev := syscall.EpollEvent{Events: syscall.EPOLLIN | syscall.EPOLLOUT | syscall.EPOLLRDHUP | epollET, Fd: int32(fd)}
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.dead {
+		return errors.New("the event loop failed")
+	}
 	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return err
 	}
@@ -318,6 +322,7 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn, 
 // fail shuts every connection of the loop down; their handlers end them.
 func (l *eventLoop) fail() {
 	l.mu.Lock()
+	l.dead = true
 	cs := make([]*conn, 0, len(l.conns))
 	for _, c := range l.conns {
 		cs = append(cs, c)
@@ -384,7 +389,7 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			}
 			return false
 		}
-		n, err := scanFrame(b, max)
+		n, err := c.scan.scan(b, max)
 		if err == errShortFrame {
 			break
 		}

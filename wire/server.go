@@ -427,6 +427,7 @@ type conn struct {
 	raw    *rawConn
 	rmu    sync.Mutex
 	in     []byte
+	scan   frameScan // how far the loop framed the message at the start of in
 	ended  bool
 	paused atomic.Bool // the loop reads c no more until wake resumes it (set and cleared under wmu)
 }
