@@ -22,7 +22,8 @@
 # SINGLE (1; 0 skips the single-node run and rebuilds its tables from JSON),
 # ETCD (1; 0 leaves etcd out of the single-node run: fencekv against Redis
 # only, quicker while working on single-node speed),
-# CLUSTER (1; 0 skips the 3-node comparison), CLUSTER_WORKLOADS
+# CLUSTER (1; 0 skips the 3-node comparison and appends its section from
+# CLUSTER_JSON, if there is one), CLUSTER_WORKLOADS
 # (fenced-put,lock-cycle,contended,get), KILLS (5 leader kills per system),
 # CLUSTER_JSON (bench/RESULTS-cluster.json).
 set -euo pipefail
@@ -184,4 +185,8 @@ if [ "$CLUSTER" = 1 ]; then
 		--out "$tmp/cluster.md" --json "$CLUSTER_JSON"
 	{ echo; cat "$tmp/cluster.md"; } >>"$OUT"
 	say "appended the 3-node comparison to $OUT; its results are in $CLUSTER_JSON"
+elif [ -f "$CLUSTER_JSON" ]; then
+	say "CLUSTER=0: the 3-node section comes from $CLUSTER_JSON (not rerun)"
+	"$BENCHPEERS" cluster --from "$CLUSTER_JSON" --out "$tmp/cluster.md"
+	{ echo; cat "$tmp/cluster.md"; } >>"$OUT"
 fi

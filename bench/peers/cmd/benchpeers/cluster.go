@@ -70,6 +70,26 @@ type failoverKill struct {
 	Redials  int           `json:"redials"`     // reconnects that failed (to the dead node), in the same time
 }
 
+// loadCluster reads a cluster report written with --json.
+func loadCluster(name string) (*clusterReport, error) {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return nil, err
+	}
+	rep := &clusterReport{}
+	if err := json.Unmarshal(b, rep); err != nil {
+		return nil, fmt.Errorf("%s: %w", name, err)
+	}
+	if rep.Rounds == 0 {
+		rep.Rounds = 1
+	}
+	for i := range rep.Runs {
+		res := &rep.Runs[i].Result
+		res.Elapsed = time.Duration(res.Seconds * float64(time.Second))
+	}
+	return rep, nil
+}
+
 type clusterReport struct {
 	report
 	Failover []failoverResult `json:"failover"`
@@ -83,6 +103,7 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 	workloads := fs.String("workloads", "fenced-put,lock-cycle,contended,get", "workloads, comma-separated (none: only the failover measurement)")
 	out := fs.String("out", "", "write the markdown section to this file (default stdout)")
 	jsonOut := fs.String("json", "", "also write every result as JSON to this file")
+	from := fs.String("from", "", "run nothing: write the section of the results in this JSON file (from --json)")
 	fs.StringVar(&o.fencekvBin, "fencekv-bin", "", "the fencekv `BINARY`; empty skips fencekv")
 	fs.StringVar(&o.etcdBin, "etcd-bin", "", "the etcd `BINARY`; empty skips etcd")
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd's version, for the report")
@@ -106,13 +127,18 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 			return 2
 		}
 	}
-	if o.fencekvBin == "" && o.etcdBin == "" {
-		fmt.Fprintln(stderr, "benchpeers cluster: give --fencekv-bin, --etcd-bin or both")
+	if o.fencekvBin == "" && o.etcdBin == "" && *from == "" {
+		fmt.Fprintln(stderr, "benchpeers cluster: give --fencekv-bin, --etcd-bin or both (or --from)")
 		return 2
 	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	rep, err := measureClusters(ctx, o, stderr)
+	var rep *clusterReport
+	if *from != "" {
+		rep, err = loadCluster(*from)
+	} else {
+		rep, err = measureClusters(ctx, o, stderr)
+	}
 	if err != nil {
 		fmt.Fprintf(stderr, "benchpeers cluster: %v\n", err)
 		return 1
