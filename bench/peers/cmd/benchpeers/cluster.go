@@ -72,21 +72,11 @@ type failoverKill struct {
 
 // loadCluster reads a cluster report written with --json.
 func loadCluster(name string) (*clusterReport, error) {
-	b, err := os.ReadFile(name)
-	if err != nil {
+	rep := &clusterReport{}
+	if err := readJSON(name, rep); err != nil {
 		return nil, err
 	}
-	rep := &clusterReport{}
-	if err := json.Unmarshal(b, rep); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
-	}
-	if rep.Rounds == 0 {
-		rep.Rounds = 1
-	}
-	for i := range rep.Runs {
-		res := &rep.Runs[i].Result
-		res.Elapsed = time.Duration(res.Seconds * float64(time.Second))
-	}
+	rep.loaded()
 	return rep, nil
 }
 

@@ -400,26 +400,39 @@ func cpuTimes() (cpuSample, bool) {
 
 // load reads a report written with --json.
 func load(name string) (*report, error) {
-	b, err := os.ReadFile(name)
-	if err != nil {
-		return nil, err
-	}
 	rep := &report{}
-	if err := json.Unmarshal(b, rep); err != nil {
-		return nil, fmt.Errorf("%s: %w", name, err)
+	if err := readJSON(name, rep); err != nil {
+		return nil, err
 	}
 	d := bench.DefaultConfig()
 	if rep.ValueSize == 0 && rep.Keys == 0 { // written before these were kept
 		rep.ValueSize, rep.Keys, rep.GetPercent = d.ValueSize, d.Keys, d.GetPercent
 	}
-	if rep.Rounds == 0 {
-		rep.Rounds = 1
+	rep.loaded()
+	return rep, nil
+}
+
+// readJSON decodes the JSON file name into v.
+func readJSON(name string, v any) error {
+	b, err := os.ReadFile(name)
+	if err != nil {
+		return err
 	}
-	for i := range rep.Runs {
-		res := &rep.Runs[i].Result
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("%s: %w", name, err)
+	}
+	return nil
+}
+
+// loaded restores what JSON does not keep.
+func (r *report) loaded() {
+	if r.Rounds == 0 {
+		r.Rounds = 1
+	}
+	for i := range r.Runs {
+		res := &r.Runs[i].Result
 		res.Elapsed = time.Duration(res.Seconds * float64(time.Second))
 	}
-	return rep, nil
 }
 
 func errNote(s string) string {
