@@ -276,6 +276,16 @@ func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Re
 	}
 }
 
+// Idle reports whether no write is being committed or waiting to be: a
+// write submitted now is committed by its caller at once, with no
+// goroutine hand-off. The wire event loop serves a lone write itself then
+// (its client's latency is that of one commit), and starts it otherwise.
+func (db *DB) Idle() bool {
+	db.qmu.Lock()
+	defer db.qmu.Unlock()
+	return !db.leading && len(db.pending) == 0
+}
+
 // kickCommitter has a committer goroutine lead: an idle one, or a new one.
 // Committers lead for asynchronous requests, which have no goroutine of
 // their own to; they outlive their turn, because a new goroutine's stack

@@ -27,10 +27,12 @@ import (
 // such connection, reads what a client sent when epoll says it arrived
 // (one read, into a buffer shared by all connections), frames the
 // messages in it and serves them: reads itself, at once, as the goroutine
-// read loop does; writes, which wait for a commit, each in a goroutine of
-// its own, as before, so they share commits. Answers are written without
-// waiting: when a client's socket buffer is full, a goroutine finishes the
-// write once epoll says there is room, so the loop never waits on a client.
+// read loop does; writes are started (start.go, DB.Start) and answered by
+// the goroutine that commits them, so they share commits and no goroutine
+// waits for one; an acquire that may wait gets a handler goroutine.
+// Answers are written without waiting: when a client's socket buffer is
+// full, a goroutine finishes the write once epoll says there is room, so
+// neither the loop nor a committer waits on a client.
 //
 // The socket is a duplicate of the accepted connection's descriptor, which
 // is then closed: the runtime's own poller forgets it, and no goroutine is
@@ -78,8 +80,9 @@ type eventLoop struct {
 	dead    bool            // the loop failed: it takes no connection
 
 	// The loop goroutine's alone.
-	buf []byte
-	dec *msgpack.Decoder
+	buf   []byte
+	dec   *msgpack.Decoder
+	alone bool // this round serves one connection only
 }
 
 // looped hands c to the event loop if it is one the loop serves (plain
@@ -276,6 +279,7 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn) 
 		*cs = append(*cs, l.conns[ev.Fd]) // nil for the pipe, or a connection just released
 	}
 	*resumed, l.resumed = l.resumed, (*resumed)[:0]
+	l.alone = len(events) == 1 && len(*resumed) == 0
 	quit := l.quit && len(l.conns) == 0
 	if quit {
 		l.closeFDs()
@@ -383,7 +387,12 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			l.end(c)
 			return false
 		}
-		ok := c.dispatch(l.dec, b[:n], false)
+		// A lone write (one client with one request, and no commit
+		// under way) is served here, the loop committing it itself: a
+		// hand-off to a committer would add to its latency what one
+		// commit saves nobody. Otherwise it is started (start.go).
+		lone := l.alone && n == len(b) && c.s.db.Idle()
+		ok := c.dispatch(l.dec, b[:n], lone)
 		if n > frameKeep {
 			// The decoder keeps a buffer as large as the longest string
 			// it decoded: do not keep one sized by a large message.
