@@ -159,8 +159,6 @@ func (db *DB) lead() {
 		n++
 	}
 	db.batch = append(db.batch[:0], db.pending[:n]...)
-	async := db.async[:0] // taken under qmu: the last leader may still be answering its own
-	db.async = nil
 	rest := copy(db.pending, db.pending[n:])
 	clear(db.pending[rest:])
 	db.pending = db.pending[:rest]
@@ -168,7 +166,9 @@ func (db *DB) lead() {
 
 	db.gather = len(db.batch) > 1
 	// Noted before the commit: once answered, a waiting submitter frees
-	// its request.
+	// its request. A slice of its own per batch: the last leader may
+	// still be answering its batch.
+	var async []*request
 	for _, r := range db.batch {
 		if r.then != nil {
 			async = append(async, r)
@@ -203,19 +203,10 @@ func (db *DB) lead() {
 			next.done <- struct{}{}
 		}
 	}
-	for i, r := range async {
-		then := r.then
-		res := r.res
+	for _, r := range async {
+		then, res := r.then, r.res
 		r.free()
-		async[i] = nil
 		then(res)
-	}
-	if cap(async) > 0 && cap(async) <= 1024 {
-		db.qmu.Lock()
-		if db.async == nil {
-			db.async = async[:0]
-		}
-		db.qmu.Unlock()
 	}
 }
 

@@ -49,7 +49,6 @@ type DB struct {
 	// Owned by the leader (see lead):
 	gather bool // the last batch had company: yield before taking the next
 	batch  []*request
-	async  []*request // guarded by qmu: the leader's spare slice of a batch's asynchronous requests
 
 	commit         chan struct{} // to an idle committer goroutine (kickCommitter)
 	idleCommitters atomic.Int32

@@ -16,6 +16,23 @@ import (
 // batch, and must not wait for it.
 
 func TestG6InvisibleUntilSynced(t *testing.T) {
+	// A write whose caller waits (Put), and one started without waiting
+	// (Start, the wire event loop's): neither is answered before the sync.
+	t.Run("Put", func(t *testing.T) {
+		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
+			return db.Put(ctx, key, value, w)
+		})
+	})
+	t.Run("Start", func(t *testing.T) {
+		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
+			res := make(chan Result, 1)
+			db.Start(ctx, Command{Op: OpPut, Key: key, Value: value}, w, func(r Result) { res <- r })
+			return written(<-res)
+		})
+	})
+}
+
+func testG6InvisibleUntilSynced(t *testing.T, put func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error)) {
 	db, err := Open(t.TempDir(), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -50,7 +67,7 @@ func TestG6InvisibleUntilSynced(t *testing.T) {
 	go func() {
 		// One batch: a put and a grant, submitted together.
 		var o outcome
-		o.put, o.err = db.Put(ctx, key, []byte("v2"), WriteOptions{Token: 7})
+		o.put, o.err = put(db, ctx, key, []byte("v2"), WriteOptions{Token: 7})
 		done <- o
 	}()
 	select {

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
@@ -133,26 +132,13 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "benchpeers cluster: %v\n", err)
 		return 1
 	}
-	w := stdout
-	if *out != "" {
-		f, err := os.Create(*out)
-		if err != nil {
-			fmt.Fprintf(stderr, "benchpeers cluster: %v\n", err)
-			return 1
-		}
-		defer f.Close()
-		w = f
+	markdown := func(w io.Writer) error {
+		_, err := io.WriteString(w, rep.clusterMarkdown())
+		return err
 	}
-	if _, err := io.WriteString(w, rep.clusterMarkdown()); err != nil {
+	if err := writeReport(stdout, *out, *jsonOut, markdown, rep); err != nil {
 		fmt.Fprintf(stderr, "benchpeers cluster: %v\n", err)
 		return 1
-	}
-	if *jsonOut != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			fmt.Fprintf(stderr, "benchpeers cluster: %v\n", err)
-			return 1
-		}
 	}
 	if ctx.Err() != nil {
 		fmt.Fprintln(stderr, "benchpeers cluster: interrupted; the report is partial")

@@ -104,26 +104,9 @@ func run(args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "benchpeers: %v\n", err)
 		return 1
 	}
-	w := stdout
-	if *out != "" {
-		f, err := os.Create(*out)
-		if err != nil {
-			fmt.Fprintf(stderr, "benchpeers: %v\n", err)
-			return 1
-		}
-		defer f.Close()
-		w = f
-	}
-	if err := rep.markdown(w); err != nil {
-		fmt.Fprintf(stderr, "benchpeers: writing the report: %v\n", err)
+	if err := writeReport(stdout, *out, *jsonOut, rep.markdown, rep); err != nil {
+		fmt.Fprintf(stderr, "benchpeers: %v\n", err)
 		return 1
-	}
-	if *jsonOut != "" {
-		b, _ := json.MarshalIndent(rep, "", "  ")
-		if err := os.WriteFile(*jsonOut, append(b, '\n'), 0o644); err != nil {
-			fmt.Fprintf(stderr, "benchpeers: %v\n", err)
-			return 1
-		}
 	}
 	if ctx.Err() != nil {
 		fmt.Fprintln(stderr, "benchpeers: interrupted; the report is partial")
@@ -410,6 +393,28 @@ func load(name string) (*report, error) {
 	}
 	rep.loaded()
 	return rep, nil
+}
+
+// writeReport writes a report's markdown to the file out (stdout if empty)
+// and, if jsonOut is set, the report v as JSON to that file.
+func writeReport(stdout io.Writer, out, jsonOut string, markdown func(io.Writer) error, v any) error {
+	w := stdout
+	if out != "" {
+		f, err := os.Create(out)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		w = f
+	}
+	if err := markdown(w); err != nil {
+		return fmt.Errorf("writing the report: %w", err)
+	}
+	if jsonOut == "" {
+		return nil
+	}
+	b, _ := json.MarshalIndent(v, "", "  ")
+	return os.WriteFile(jsonOut, append(b, '\n'), 0o644)
 }
 
 // readJSON decodes the JSON file name into v.
