@@ -33,6 +33,9 @@ type request struct {
 	// then, if set, makes the request asynchronous (Start): nobody waits on
 	// done; the leader calls then with the result, after passing the lead.
 	then func(Result)
+	// noteCtx, set for a started key write, is its caller's context: a
+	// refusal goes to the refusal log with it, as DB.write does.
+	noteCtx context.Context
 }
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
@@ -204,6 +207,9 @@ func (db *DB) lead() {
 		}
 	}
 	for _, r := range async {
+		if r.noteCtx != nil && r.res.Err != nil {
+			db.refusals.Note(r.noteCtx, &r.cmd, r.res.Err, db.m.Grantee)
+		}
 		then, res := r.then, r.res
 		r.free()
 		then(res)
@@ -229,15 +235,6 @@ func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Re
 	case OpPut, OpDelete, OpCAS, OpIncr:
 		err = db.opts.CheckWrite(c.Key, c.Value, w)
 		c.Write, c.Lock = w.kv(), w.Lock
-		if err == nil {
-			inner := then
-			then = func(r Result) {
-				if r.Err != nil {
-					db.refusals.Note(ctx, &c, r.Err, db.m.Grantee)
-				}
-				inner(r)
-			}
-		}
 	case OpRenew, OpRelease:
 		err = db.opts.CheckName(c.Lease.Name)
 	case OpAcquire:
@@ -251,6 +248,9 @@ func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Re
 	}
 	r := newRequest(c)
 	r.then = then
+	if c.Op == OpPut || c.Op == OpDelete || c.Op == OpCAS || c.Op == OpIncr {
+		r.noteCtx = ctx
+	}
 	db.qmu.Lock()
 	if db.closed {
 		db.qmu.Unlock()

@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"context"
 	"fmt"
 	"runtime/debug"
 	"time"
@@ -121,64 +122,83 @@ func (c *conn) starterFor(m *message, a *args) starter {
 	return st
 }
 
+// started is a request on its way through DB.Start: one allocation holds
+// what its answer needs.
+type started struct {
+	c      *conn
+	m      message
+	a      *args
+	e      *encoder
+	ctx    context.Context
+	encode func(*encoder, *args, fencekv.Result)
+	began  time.Time
+}
+
 // start serves m as handle does, with the engine's wait replaced by
 // DB.Start: its checks and its refusals are answered at once, its result
 // when the batch that applied it is durable. c.handlers counts it until
 // it is answered.
 func (c *conn) start(st starter, m message, a *args) {
-	var began time.Time
+	s := &started{c: c, m: m, a: a, e: encoderPool.Get().(*encoder)}
 	if c.s.cfg.Observe != nil {
-		began = time.Now()
+		s.began = time.Now()
 	}
-	done := func(code fencekv.Code) {
-		if c.s.cfg.Observe != nil {
-			c.s.cfg.Observe(m.method, code, time.Since(began))
-		}
-		c.handlers.Done()
-	}
-	e := encoderPool.Get().(*encoder)
-	e.response(m.msgid)
-	refuse := func(err error) fencekv.Code {
-		fe := asError(err)
-		e.response(m.msgid)
-		c.finish(m, e, fe)
-		return fe.Code
-	}
+	s.e.response(m.msgid)
 	ctx, ferr := c.authorize(c.base, m.method, a) // auth.go
 	if ferr != nil {
-		done(refuse(ferr))
+		s.done(s.refuse(ferr))
 		return
 	}
 	cmd, w, encode, err := st(a)
 	if err != nil {
-		done(refuse(err))
+		s.done(s.refuse(err))
 		return
 	}
-	e.EncodeNil() // the error slot; the result follows
-	c.s.db.Start(ctx, cmd, w, func(r fencekv.Result) {
-		var code fencekv.Code
-		defer func() {
-			if p := recover(); p != nil {
-				c.s.log.Error("panic answering a request; recovered", "method", m.method, "panic", p, "stack", string(debug.Stack()))
-				code = fencekv.CodeInternal
-				e.response(m.msgid)
-				c.finish(m, e, &fencekv.Error{Code: code, Message: fmt.Sprintf("internal error serving %s", m.method)})
-			}
-			done(code)
-		}()
-		switch m.method {
-		case "acquire":
-			auditAcquire(ctx, a, fencekv.Lease{Name: a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
-		case "renew":
-			auditRenew(ctx, a, r.Err)
-		case "release":
-			auditRelease(ctx, a, r.Err)
+	s.ctx, s.encode = ctx, encode
+	s.e.EncodeNil() // the error slot; the result follows
+	c.s.db.Start(ctx, cmd, w, s.answer)
+}
+
+// answer answers with the command's result; DB.Start calls it.
+func (s *started) answer(r fencekv.Result) {
+	var code fencekv.Code
+	defer func() {
+		if p := recover(); p != nil {
+			s.c.s.log.Error("panic answering a request; recovered", "method", s.m.method, "panic", p, "stack", string(debug.Stack()))
+			code = fencekv.CodeInternal
+			s.e.response(s.m.msgid)
+			s.c.finish(s.m, s.e, &fencekv.Error{Code: code, Message: fmt.Sprintf("internal error serving %s", s.m.method)})
 		}
-		if r.Err != nil {
-			code = refuse(r.Err)
-			return
-		}
-		encode(e, a, r)
-		c.send(m, e)
-	})
+		s.done(code)
+	}()
+	switch s.m.method {
+	case "acquire":
+		auditAcquire(s.ctx, s.a, fencekv.Lease{Name: s.a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
+	case "renew":
+		auditRenew(s.ctx, s.a, r.Err)
+	case "release":
+		auditRelease(s.ctx, s.a, r.Err)
+	}
+	if r.Err != nil {
+		code = s.refuse(r.Err)
+		return
+	}
+	s.encode(s.e, s.a, r)
+	s.c.send(s.m, s.e)
+}
+
+// refuse answers err, and returns its code.
+func (s *started) refuse(err error) fencekv.Code {
+	fe := asError(err)
+	s.e.response(s.m.msgid)
+	s.c.finish(s.m, s.e, fe)
+	return fe.Code
+}
+
+// done reports the request to Config.Observe and ends it.
+func (s *started) done(code fencekv.Code) {
+	if s.c.s.cfg.Observe != nil {
+		s.c.s.cfg.Observe(s.m.method, code, time.Since(s.began))
+	}
+	s.c.handlers.Done()
 }
