@@ -1,6 +1,7 @@
 package kv
 
 import (
+	"hash/maphash"
 	"slices"
 	"strings"
 	"sync"
@@ -21,7 +22,7 @@ import (
 //   - A generation (gen) holds the records published between two
 //     checkpoints. Its maps only ever gain versions, and each version is
 //     immutable once published (but for its prev link, below), so readers
-//     may read them while Publish adds more (sync.Map).
+//     may read them while Publish adds more (names).
 //   - Publish numbers its batch (seq), stores each changed record as a new
 //     version with that number in front of the key's older ones, and only
 //     then makes a view of the new number current (under the lock). A
@@ -60,16 +61,94 @@ type gen struct {
 }
 
 // names are the chains of versions of the keys (or locks) published in a
-// generation.
+// generation, in a hash table that one writer (Publish) adds to while
+// readers look names up without locks. A chain, once in the table, stays
+// in it for the generation's life. The table is replaced by one twice its
+// size when it is half full; readers holding the old one find in it every
+// chain added before it was replaced, which is every chain a version they
+// may read is on: a reader pins its view (under the overlay's lock) after
+// the Publish that added those versions made it current, and loads the
+// table after that. (A sync.Map boxes names as interfaces to hash and
+// compare them: the lookup was 3.7% of the server's CPU per get under 16
+// clients, and is 2.9% this way.)
 type names struct {
-	m sync.Map     // name -> *chain
-	n atomic.Int64 // chains in m: with none (as in most generations' locks, or keys, in a workload of the other), a read skips the lookup
+	tab atomic.Pointer[table] // nil: no chain (as in most generations' locks, or keys, in a workload of the other): a read skips the lookup
+	n   int                   // chains in tab; the writer's
 }
 
-// chain is one name's versions, newest first. m keeps a chain for the
-// generation's life, so that Publish adds a version by moving head
-// rather than by replacing the map's entry (which allocates).
+// table is an open-addressing hash table of chains, probed linearly.
+type table struct {
+	slots []atomic.Pointer[chain] // a power of two of them
+}
+
+// nameSeed seeds the tables' hash.
+var nameSeed = maphash.MakeSeed()
+
+// find returns name's chain, or nil.
+func (ns *names) find(name string) *chain {
+	t := ns.tab.Load()
+	if t == nil {
+		return nil
+	}
+	mask := uint64(len(t.slots) - 1)
+	for i := maphash.String(nameSeed, name) & mask; ; i = (i + 1) & mask {
+		c := t.slots[i].Load()
+		if c == nil || c.name == name {
+			return c
+		}
+	}
+}
+
+// insert adds c, whose name has no chain yet. Only the writer calls it.
+func (ns *names) insert(c *chain) {
+	t := ns.tab.Load()
+	if t == nil || 2*(ns.n+1) > len(t.slots) {
+		size := 16
+		if t != nil {
+			size = 2 * len(t.slots)
+		}
+		bigger := &table{slots: make([]atomic.Pointer[chain], size)}
+		if t != nil {
+			for i := range t.slots {
+				if o := t.slots[i].Load(); o != nil {
+					bigger.put(o)
+				}
+			}
+		}
+		ns.tab.Store(bigger)
+		t = bigger
+	}
+	t.put(c)
+	ns.n++
+}
+
+func (t *table) put(c *chain) {
+	mask := uint64(len(t.slots) - 1)
+	i := maphash.String(nameSeed, c.name) & mask
+	for t.slots[i].Load() != nil {
+		i = (i + 1) & mask
+	}
+	t.slots[i].Store(c)
+}
+
+// each calls fn for every chain, in no order.
+func (ns *names) each(fn func(*chain)) {
+	t := ns.tab.Load()
+	if t == nil {
+		return
+	}
+	for i := range t.slots {
+		if c := t.slots[i].Load(); c != nil {
+			fn(c)
+		}
+	}
+}
+
+// chain is one name's versions, newest first. A chain stays in its table
+// for the generation's life, so that Publish adds a version by moving head
+// rather than by replacing the table's entry (which allocates).
 type chain struct {
+	name  string
 	head  atomic.Pointer[version]
 	first version // the first version published, in the same allocation
 }
@@ -147,8 +226,8 @@ func (o *overlay) publish(w *Tx) {
 // add stores rec as name's version seq, and unlinks the versions below
 // the newest one at or below floor, which no reader may read.
 func (ns *names) add(name string, seq uint64, rec []byte, floor uint64) {
-	if p, ok := ns.m.Load(name); ok {
-		p.(*chain).push(seq, rec, floor)
+	if c := ns.find(name); c != nil {
+		c.push(seq, rec, floor)
 		return
 	}
 	ns.create(name, seq, rec)
@@ -157,18 +236,17 @@ func (ns *names) add(name string, seq uint64, rec []byte, floor uint64) {
 // addKey is add for a key as bytes: it makes a string of it only for a
 // key new to the generation.
 func (ns *names) addKey(key []byte, seq uint64, rec []byte, floor uint64) {
-	if p, ok := ns.m.Load(string(key)); ok {
-		p.(*chain).push(seq, rec, floor)
+	if c := ns.find(string(key)); c != nil {
+		c.push(seq, rec, floor)
 		return
 	}
 	ns.create(string(key), seq, rec)
 }
 
 func (ns *names) create(name string, seq uint64, rec []byte) {
-	c := &chain{first: version{seq: seq, rec: rec}}
+	c := &chain{name: name, first: version{seq: seq, rec: rec}}
 	c.head.Store(&c.first)
-	ns.m.Store(name, c)
-	ns.n.Add(1)
+	ns.insert(c)
 }
 
 func (c *chain) push(seq uint64, rec []byte, floor uint64) {
@@ -201,14 +279,11 @@ func (o *overlay) checkpoint() {
 // at returns the record of name in ns as of the view; ok is false if the
 // view has no version of it (or v is nil): the file's is current.
 func (v *view) at(ns *names, name string) (rec []byte, ok bool) {
-	if ns.n.Load() == 0 {
+	c := ns.find(name)
+	if c == nil {
 		return nil, false
 	}
-	p, ok := ns.m.Load(name)
-	if !ok {
-		return nil, false
-	}
-	for o := p.(*chain).head.Load(); o != nil; o = o.prev.Load() {
+	for o := c.head.Load(); o != nil; o = o.prev.Load() {
 		if o.seq <= v.seq {
 			return o.rec, true
 		}
@@ -239,22 +314,17 @@ type ovRecord struct {
 // span returns the view's records in m whose names start with prefix and
 // are >= from, in byte order.
 func (v *view) span(ns *names, prefix, from []byte) []ovRecord {
-	if ns.n.Load() == 0 {
-		return nil
-	}
 	var out []ovRecord
-	ns.m.Range(func(k, p any) bool {
-		name := k.(string)
-		if !strings.HasPrefix(name, string(prefix)) || name < string(from) {
-			return true
+	ns.each(func(c *chain) {
+		if !strings.HasPrefix(c.name, string(prefix)) || c.name < string(from) {
+			return
 		}
-		for o := p.(*chain).head.Load(); o != nil; o = o.prev.Load() {
+		for o := c.head.Load(); o != nil; o = o.prev.Load() {
 			if o.seq <= v.seq {
-				out = append(out, ovRecord{name, o.rec})
+				out = append(out, ovRecord{c.name, o.rec})
 				break
 			}
 		}
-		return true
 	})
 	slices.SortFunc(out, func(a, b ovRecord) int { return strings.Compare(a.name, b.name) })
 	return out

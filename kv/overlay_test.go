@@ -139,12 +139,12 @@ func TestReaderKeepsItsState(t *testing.T) {
 
 // versions is the number of versions the overlay keeps of key.
 func versions(s *Store, key string) int {
-	p, ok := s.ov.cur.g.keys.m.Load(key)
-	if !ok {
+	c := s.ov.cur.g.keys.find(key)
+	if c == nil {
 		return 0
 	}
 	n := 0
-	for v := p.(*chain).head.Load(); v != nil; v = v.prev.Load() {
+	for v := c.head.Load(); v != nil; v = v.prev.Load() {
 		n++
 	}
 	return n
@@ -324,5 +324,55 @@ func TestReadersAfterCommit(t *testing.T) {
 		if got := string(get(t, s, "c").Value); got != v {
 			t.Fatalf("after Checkpoint %d: c = %q", i, got)
 		}
+	}
+}
+
+// TestNamesConcurrent adds names, growing the table many times, while
+// readers look up names added before they looked: each is found, with
+// the chain it was added with, and a name never added is not.
+func TestNamesConcurrent(t *testing.T) {
+	var ns names
+	const total = 5000
+	var added atomic.Int64 // how many names are in, as they go in
+	done := make(chan struct{})
+	var wg sync.WaitGroup
+	for r := 0; r < 4; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				select {
+				case <-done:
+					return
+				default:
+				}
+				k := int(added.Load())
+				for i := 0; i < k; i += 37 {
+					name := fmt.Sprintf("k%d", i)
+					c := ns.find(name)
+					if c == nil || c.name != name || c.first.seq != uint64(i) {
+						t.Errorf("find(%q) = %v", name, c)
+						return
+					}
+				}
+				if ns.find("never") != nil {
+					t.Errorf("found a name never added")
+					return
+				}
+			}
+		}()
+	}
+	for i := 0; i < total; i++ {
+		name := fmt.Sprintf("k%d", i)
+		if ns.find(name) != nil {
+			t.Fatalf("%q found before it was added", name)
+		}
+		ns.create(name, uint64(i), nil)
+		added.Store(int64(i + 1))
+	}
+	close(done)
+	wg.Wait()
+	if got := namesLen(&ns); got != total {
+		t.Fatalf("%d chains; want %d", got, total)
 	}
 }

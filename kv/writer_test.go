@@ -3,7 +3,6 @@ package kv
 import (
 	"fmt"
 	"path/filepath"
-	"sync"
 	"testing"
 )
 
@@ -21,9 +20,9 @@ func scanKeys(t *testing.T, s *Store, prefix string) string {
 	return out
 }
 
-func mapLen(m *sync.Map) int {
+func namesLen(ns *names) int {
 	n := 0
-	m.Range(func(_, _ any) bool { n++; return true })
+	ns.each(func(*chain) { n++ })
 	return n
 }
 
@@ -100,7 +99,7 @@ func TestWriterPublishCheckpoint(t *testing.T) {
 	if err := s.Checkpoint(Marks{Applied: 42, Term: 3}); err != nil {
 		t.Fatalf("Checkpoint: %v", err)
 	}
-	if v := s.ov.cur; mapLen(&v.g.keys.m) != 0 || mapLen(&v.g.locks.m) != 0 || v.set {
+	if v := s.ov.cur; namesLen(&v.g.keys) != 0 || namesLen(&v.g.locks) != 0 || v.set {
 		t.Fatalf("overlay not emptied by Checkpoint")
 	}
 	if got := scanKeys(t, s, ""); got != after {
