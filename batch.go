@@ -149,6 +149,12 @@ func (db *DB) lead() {
 		// by about 5%.
 		runtime.Gosched()
 	}
+	db.commitNext()
+}
+
+// commitNext is lead without the yield: it commits the next batch and
+// passes the lead on.
+func (db *DB) commitNext() {
 	db.qmu.Lock()
 	n, size := 0, 0
 	for n < len(db.pending) && n < db.opts.MaxBatch && size < maxBatchBytes {
@@ -230,6 +236,36 @@ func (db *DB) lead() {
 // Start is for servers that answer many clients from few goroutines (the
 // wire event loop): a write costs them no goroutine that waits.
 func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Result)) {
+	if db.start(ctx, c, w, then) {
+		db.kickCommitter()
+	}
+}
+
+// StartLed is Start for a caller that commits batches itself, as an event
+// loop may at the end of a round: when no batch is being committed or
+// queued, the caller is made the leader (instead of a committer goroutine
+// being woken) and must then call Lead or PassLead soon, since the write,
+// and every write queued after it, waits for that. It reports whether it
+// must. Until it does, further writes are queued behind the lead without
+// waking anyone: a caller that starts several writes and then leads
+// commits them in one batch, with no goroutine hand-off at all.
+func (db *DB) StartLed(ctx context.Context, c Command, w WriteOptions, then func(Result)) bool {
+	return db.start(ctx, c, w, then)
+}
+
+// Lead commits a batch of the queued writes on the calling goroutine, as
+// the leader StartLed made it, answers the batch's started writes (their
+// callbacks run here), and passes the lead on: to a committer goroutine if
+// writes are still queued.
+func (db *DB) Lead() { db.commitNext() }
+
+// PassLead hands the lead StartLed gave the caller to a committer
+// goroutine.
+func (db *DB) PassLead() { db.kickCommitter() }
+
+// start queues a started write; it reports whether the caller was made
+// the leader.
+func (db *DB) start(ctx context.Context, c Command, w WriteOptions, then func(Result)) bool {
 	var err error
 	switch c.Op {
 	case OpPut, OpDelete, OpCAS, OpIncr:
@@ -244,7 +280,7 @@ func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Re
 	}
 	if err != nil {
 		then(Result{Err: err})
-		return
+		return false
 	}
 	r := newRequest(c)
 	r.then = then
@@ -256,25 +292,13 @@ func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Re
 		db.qmu.Unlock()
 		r.free()
 		then(Result{Err: errClosed})
-		return
+		return false
 	}
 	db.pending = append(db.pending, r)
 	lead := !db.leading
 	db.leading = true
 	db.qmu.Unlock()
-	if lead {
-		db.kickCommitter()
-	}
-}
-
-// Idle reports whether no write is being committed or waiting to be: a
-// write submitted now is committed by its caller at once, with no
-// goroutine hand-off. The wire event loop serves a lone write itself then
-// (its client's latency is that of one commit), and starts it otherwise.
-func (db *DB) Idle() bool {
-	db.qmu.Lock()
-	defer db.qmu.Unlock()
-	return !db.leading && len(db.pending) == 0
+	return lead
 }
 
 // kickCommitter has a committer goroutine lead: an idle one, or a new one.

@@ -17,7 +17,8 @@ import (
 
 func TestG6InvisibleUntilSynced(t *testing.T) {
 	// A write whose caller waits (Put), and one started without waiting
-	// (Start, the wire event loop's): neither is answered before the sync.
+	// (Start, StartLed: the wire event loop's): none is answered before
+	// the sync.
 	t.Run("Put", func(t *testing.T) {
 		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
 			return db.Put(ctx, key, value, w)
@@ -27,6 +28,17 @@ func TestG6InvisibleUntilSynced(t *testing.T) {
 		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
 			res := make(chan Result, 1)
 			db.Start(ctx, Command{Op: OpPut, Key: key, Value: value}, w, func(r Result) { res <- r })
+			return written(<-res)
+		})
+	})
+	t.Run("StartLed", func(t *testing.T) {
+		// The event loop's way when a round served only writes: the
+		// caller leads the batch itself.
+		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
+			res := make(chan Result, 1)
+			if db.StartLed(ctx, Command{Op: OpPut, Key: key, Value: value}, w, func(r Result) { res <- r }) {
+				db.Lead()
+			}
 			return written(<-res)
 		})
 	})

@@ -3,6 +3,7 @@
 package wire
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"io"
@@ -14,6 +15,7 @@ import (
 	"time"
 	"unsafe"
 
+	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -27,9 +29,11 @@ import (
 // such connection, reads what a client sent when epoll says it arrived
 // (one read, into a buffer shared by all connections), frames the
 // messages in it and serves them: reads itself, at once, as the goroutine
-// read loop does; writes are started (start.go, DB.Start) and answered by
-// the goroutine that commits them, so they share commits and no goroutine
-// waits for one; an acquire that may wait gets a handler goroutine.
+// read loop does; writes are started (start.go, DB.StartLed), so they
+// share commits and no goroutine waits for one, and committed at the end
+// of the round, by the loop itself when the round served only writes (as
+// Redis does) or else by a committer goroutine, which answers them (see
+// commit); an acquire that may wait gets a handler goroutine.
 // Answers are written without waiting: when a client's socket buffer is
 // full, a goroutine finishes the write once epoll says there is room, so
 // neither the loop nor a committer waits on a client.
@@ -80,9 +84,11 @@ type eventLoop struct {
 	dead    bool            // the loop failed: it takes no connection
 
 	// The loop goroutine's alone.
-	buf   []byte
-	dec   *msgpack.Decoder
-	alone bool // this round serves one connection only
+	buf    []byte
+	dec    *msgpack.Decoder
+	served int  // requests served or started this round
+	starts int  // of them, writes started
+	leads  bool // a write started this round made the loop the leader (DB.StartLed)
 }
 
 // looped hands c to the event loop if it is one the loop serves (plain
@@ -279,7 +285,6 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn) 
 		*cs = append(*cs, l.conns[ev.Fd]) // nil for the pipe, or a connection just released
 	}
 	*resumed, l.resumed = l.resumed, (*resumed)[:0]
-	l.alone = len(events) == 1 && len(*resumed) == 0
 	quit := l.quit && len(l.conns) == 0
 	if quit {
 		l.closeFDs()
@@ -305,6 +310,7 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn) 
 		l.serve(c, true)
 	}
 	clear(*resumed)
+	l.commit()
 	return false
 }
 
@@ -340,7 +346,7 @@ func (l *eventLoop) serve(c *conn, drain bool) {
 		return
 	}
 	for {
-		n, err := syscall.Read(c.raw.fd, l.buf)
+		n, err := readRaw(c.raw.fd, l.buf)
 		switch {
 		case n > 0:
 			if !l.frames(c, l.buf[:n]) {
@@ -357,6 +363,16 @@ func (l *eventLoop) serve(c *conn, drain bool) {
 			return
 		}
 	}
+}
+
+// readRaw reads a non-blocking descriptor: a raw system call, without
+// the runtime's bookkeeping for one that may block.
+func readRaw(fd int, b []byte) (int, error) {
+	n, _, errno := syscall.RawSyscall(syscall.SYS_READ, uintptr(fd), uintptr(unsafe.Pointer(&b[0])), uintptr(len(b)))
+	if errno != 0 {
+		return -1, errno
+	}
+	return int(n), nil
 }
 
 // frames serves the messages in c.in followed by data. It returns false
@@ -387,12 +403,8 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			l.end(c)
 			return false
 		}
-		// A lone write (one client with one request, and no commit
-		// under way) is served here, the loop committing it itself: a
-		// hand-off to a committer would add to its latency what one
-		// commit saves nobody. Otherwise it is started (start.go).
-		lone := l.alone && n == len(b) && c.s.db.Idle()
-		ok := c.dispatch(l.dec, b[:n], lone)
+		ok := c.dispatch(l.dec, b[:n], false)
+		l.served++
 		if n > frameKeep {
 			// The decoder keeps a buffer as large as the longest string
 			// it decoded: do not keep one sized by a large message.
@@ -422,6 +434,39 @@ func (l *eventLoop) keep(c *conn, b []byte) {
 		c.in = c.in[:copy(c.in, b)]
 	default:
 		c.in = append(c.in[:0], b...)
+	}
+}
+
+// start starts a write read this round (start.go). When no batch is
+// being committed, the loop is made the leader, and commits at the end of
+// the round every write started in it.
+func (l *eventLoop) start(ctx context.Context, cmd fencekv.Command, w fencekv.WriteOptions, then func(fencekv.Result)) {
+	l.starts++
+	if l.s.db.StartLed(ctx, cmd, w, then) {
+		l.leads = true
+	}
+}
+
+// commit ends a round in which the loop was made the leader. A round that
+// served only writes is committed by the loop itself, as Redis commits
+// its appends: the writes wait for the sync anyway, and meanwhile the next
+// requests gather in the sockets, to be read in one round after it. Not
+// handing the batch to a committer goroutine and waking the loop for every
+// few requests that arrive during the sync took fenced-put at 16 clients
+// from 34 to 24 us of the server's CPU per put, and lock-cycle from 98 to
+// 84 us per cycle. A round that also served reads hands the lead to a
+// committer instead, so that reads arriving during the sync are not held
+// behind it (mixed at 16 clients lost 20% of its throughput the other
+// way).
+func (l *eventLoop) commit() {
+	leads, reads := l.leads, l.served > l.starts
+	l.leads, l.served, l.starts = false, 0, 0
+	switch {
+	case !leads:
+	case reads:
+		l.s.db.PassLead()
+	default:
+		l.s.db.Lead()
 	}
 }
 
@@ -569,7 +614,15 @@ func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time
 		if len(iov) == 0 {
 			return off, nil
 		}
-		n, _, errno := syscall.Syscall(syscall.SYS_WRITEV, uintptr(r.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		// The socket is non-blocking: a raw system call, without the
+		// runtime's bookkeeping for one that may block.
+		var n uintptr
+		var errno syscall.Errno
+		if len(iov) == 1 {
+			n, _, errno = syscall.RawSyscall(syscall.SYS_WRITE, uintptr(r.fd), uintptr(unsafe.Pointer(iov[0].Base)), uintptr(iov[0].Len))
+		} else {
+			n, _, errno = syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(r.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		}
 		clear(iov) // hold no answer's bytes past the write
 		r.iov = iov[:0]
 		switch errno {

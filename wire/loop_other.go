@@ -5,13 +5,21 @@ package wire
 // Elsewhere than Linux every connection is served by a goroutine of its
 // own; these stand in for the event loop (loop_linux.go), never used.
 
+import (
+	"context"
+
+	"github.com/fencekv/fencekv"
+)
+
 type eventLoop struct{}
 
 type rawConn struct{}
 
-func (s *Server) looped(*conn) bool            { return false }
-func (l *eventLoop) resume(*conn)              {}
-func (l *eventLoop) stop(*conn)                {}
-func (l *eventLoop) close()                    {}
+func (s *Server) looped(*conn) bool { return false }
+func (l *eventLoop) resume(*conn)   {}
+func (l *eventLoop) stop(*conn)     {}
+func (l *eventLoop) close()         {}
+func (l *eventLoop) start(context.Context, fencekv.Command, fencekv.WriteOptions, func(fencekv.Result)) {
+}
 func (c *conn) flushRaw([]*encoder, int, bool) {}
 func (c *conn) releaseRaw()                    {}

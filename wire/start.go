@@ -10,9 +10,10 @@ import (
 )
 
 // Started writes. On the event loop, a write to a *fencekv.DB needs no
-// goroutine: the loop reads it, checks it, and starts it (DB.Start); the
-// goroutine that commits its batch calls back with the result, and the
-// answer is written from there. A goroutine that waits for the commit, and
+// goroutine: the loop reads it, checks it, and starts it (DB.StartLed,
+// through eventLoop.start); the goroutine that commits its batch (the loop
+// itself, or a committer) calls back with the result, and the answer is
+// written from there. A goroutine that waits for the commit, and
 // its wake-up, is what a write costs a goroutine connection; here there is
 // none. An acquire that may wait for the lock still gets a handler.
 
@@ -156,7 +157,7 @@ func (c *conn) start(st starter, m message, a *args) {
 	}
 	s.ctx, s.encode = ctx, encode
 	s.e.EncodeNil() // the error slot; the result follows
-	c.s.db.Start(ctx, cmd, w, s.answer)
+	c.s.loop.start(ctx, cmd, w, s.answer)
 }
 
 // answer answers with the command's result; DB.Start calls it.

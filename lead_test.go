@@ -1,0 +1,94 @@
+package fencekv
+
+import (
+	"context"
+	"testing"
+	"time"
+)
+
+// queued is the number of writes waiting for a leader.
+func queued(db *DB) int {
+	db.qmu.Lock()
+	defer db.qmu.Unlock()
+	return len(db.pending)
+}
+
+// TestStartLed: a caller made the leader by StartLed queues every write
+// started after it (and a waiting Put) without any of them committing,
+// then commits them all in one batch with Lead, their callbacks run
+// before Lead returns; PassLead hands the lead to a committer instead.
+func TestStartLed(t *testing.T) {
+	db, err := Open(t.TempDir(), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	before := db.commits.Load()
+	res := make(chan Result, 4)
+	then := func(r Result) { res <- r }
+	put := func(k string) Command {
+		return Command{Op: OpPut, Key: []byte(k), Value: []byte("v")}
+	}
+	if !db.StartLed(ctx, put("k1"), WriteOptions{}, then) {
+		t.Fatal("StartLed on an idle DB did not make the caller the leader")
+	}
+	if db.StartLed(ctx, put("k2"), WriteOptions{}, then) {
+		t.Fatal("StartLed behind a held lead made the caller the leader again")
+	}
+	waited := make(chan error, 1)
+	go func() {
+		_, err := db.Put(ctx, []byte("k3"), []byte("v"), WriteOptions{})
+		waited <- err
+	}()
+	deadline := time.Now().Add(10 * time.Second)
+	for queued(db) < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("the waiting put never queued")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if len(res) != 0 || db.commits.Load() != before {
+		t.Fatal("a write was committed before the leader led")
+	}
+	// A bad write is refused at once, lead or not, and takes no lead.
+	if db.StartLed(ctx, Command{Op: OpPut, Value: []byte("v")}, WriteOptions{}, then) {
+		t.Fatal("a refused write made the caller the leader")
+	}
+	if r := <-res; r.Err == nil {
+		t.Fatal("a put without a key was accepted")
+	}
+	db.Lead()
+	if len(res) != 2 {
+		t.Fatalf("%d started writes answered when Lead returned; want 2", len(res))
+	}
+	for range 2 {
+		if r := <-res; r.Err != nil || r.Entry.Revision == 0 {
+			t.Fatalf("started put: %+v", r)
+		}
+	}
+	if err := <-waited; err != nil {
+		t.Fatalf("waiting put: %v", err)
+	}
+	if got := db.commits.Load() - before; got != 1 {
+		t.Fatalf("%d commits for the three puts; want 1", got)
+	}
+	for _, k := range []string{"k1", "k2", "k3"} {
+		if e, err := db.Get(ctx, []byte(k)); err != nil || string(e.Value) != "v" {
+			t.Fatalf("%s = %q, %v after Lead", k, e.Value, err)
+		}
+	}
+
+	if !db.StartLed(ctx, put("k4"), WriteOptions{}, then) {
+		t.Fatal("StartLed on an idle DB did not make the caller the leader")
+	}
+	db.PassLead()
+	select {
+	case r := <-res:
+		if r.Err != nil {
+			t.Fatalf("put after PassLead: %+v", r)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no committer took the lead PassLead handed on")
+	}
+}
