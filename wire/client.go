@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"bufio"
 	"context"
 	"crypto/tls"
 	"errors"
@@ -426,7 +427,7 @@ func eachField(dec *msgpack.Decoder, fn func(dec *msgpack.Decoder, key string) e
 		return err
 	}
 	for i := 0; i < n; i++ {
-		k, err := dec.DecodeString()
+		k, err := decodeKey(dec)
 		if err != nil {
 			return err
 		}
@@ -441,6 +442,45 @@ func eachField(dec *msgpack.Decoder, fn func(dec *msgpack.Decoder, key string) e
 		}
 	}
 	return nil
+}
+
+// resultKeys are the keys of the result maps the server sends, so that
+// decoding one does not allocate its keys.
+var resultKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"found", "key", "value", "fence", "revision", "token", "ttl_ms", "deleted",
+		"more", "items", "locks", "lock", "holder", "held", "waiters", "lock_delay_ms", "code", "message"} {
+		m[k] = k
+	}
+	return m
+}()
+
+// decodeKey decodes a map key as DecodeString does. A key the server is
+// known to send is read in place from the buffered reader and not
+// allocated.
+func decodeKey(dec *msgpack.Decoder) (string, error) {
+	br, ok := dec.Buffered().(*bufio.Reader)
+	if !ok {
+		return dec.DecodeString()
+	}
+	c, err := dec.PeekCode()
+	if err != nil {
+		return "", err
+	}
+	if !msgpcode.IsFixedString(c) {
+		return dec.DecodeString()
+	}
+	n := int(c & msgpcode.FixedStrMask)
+	b, err := br.Peek(1 + n)
+	if err != nil {
+		return dec.DecodeString()
+	}
+	k, ok := resultKeys[string(b[1:])]
+	if !ok {
+		return dec.DecodeString()
+	}
+	br.Discard(1 + n)
+	return k, nil
 }
 
 func decodeTo(dec *msgpack.Decoder, v *uint64) (err error) {

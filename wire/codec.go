@@ -27,6 +27,8 @@ type message struct {
 	typ    int
 	msgid  uint32
 	method string
+	info   *methodInfo // nil: a method the server does not know
+	began  time.Time   // when it was read, for Config.Observe (zero without)
 	params []byte
 	slot   bool  // it holds one of its connection's in-flight slots
 	held   int64 // what its arguments count against the connection's budget
@@ -67,7 +69,11 @@ func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, er
 	if err != nil {
 		return m, hasID, badRequest("method must be a string")
 	}
-	m.method = internMethod(name)
+	if m.info = methodTable[string(name)]; m.info != nil {
+		m.method = m.info.name
+	} else {
+		m.method = string(name)
+	}
 	np, err := dec.DecodeArrayLen()
 	if err != nil {
 		return m, hasID, badRequest("params must be an array")
@@ -122,27 +128,29 @@ func rawString(dec *msgpack.Decoder, r *bytes.Reader, b []byte) ([]byte, error) 
 	return b[at : at+n : at+n], nil
 }
 
-// methodNames holds the name of every method the server knows, so that
-// parsing a request's method takes the name from here instead of
-// allocating it.
-var methodNames = func() map[string]string {
-	names := map[string]string{}
-	for _, n := range []string{"watch", "unwatch", "backup", "backup_read"} { // the connection's own (server.go, backup.go)
-		names[n] = n
-	}
-	for n := range methods {
-		names[n] = n
-	}
-	return names
-}()
+// methodInfo is what the server knows of a method: parsing a request
+// finds it once, by the method's name, for everything that depends on it.
+type methodInfo struct {
+	name     string  // the name, so that a request's method is not allocated
+	call     method  // nil for the connection's own methods (connMethod)
+	readOnly bool    // served by the connection's reader itself (readOnly)
+	start    starter // started on the event loop (starters), or nil
+}
 
-// internMethod returns b as a string: a known method's name without an
-// allocation.
-func internMethod(b []byte) string {
-	if n, ok := methodNames[string(b)]; ok {
-		return n
+// methodTable holds every method the server knows, by name.
+var methodTable = map[string]*methodInfo{}
+
+func init() {
+	for _, n := range []string{"watch", "unwatch", "backup", "backup_read"} { // the connection's own (server.go, backup.go)
+		methodTable[n] = &methodInfo{name: n}
 	}
-	return string(b)
+	for n, call := range methods {
+		methodTable[n] = &methodInfo{name: n, call: call}
+	}
+	for n, info := range methodTable {
+		info.readOnly = readOnly[n]
+		info.start = starters[n]
+	}
 }
 
 func badRequest(format string, args ...any) *fencekv.Error {

@@ -86,9 +86,10 @@ type eventLoop struct {
 	// The loop goroutine's alone.
 	buf    []byte
 	dec    *msgpack.Decoder
-	served int  // requests served or started this round
-	starts int  // of them, writes started
-	leads  bool // a write started this round made the loop the leader (DB.StartLed)
+	now    time.Time // when the round began, with Config.Observe: when its requests were read
+	served int       // requests served or started this round
+	starts int       // of them, writes started
+	leads  bool      // a write started this round made the loop the leader (DB.StartLed)
 }
 
 // looped hands c to the event loop if it is one the loop serves (plain
@@ -293,6 +294,9 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn) 
 	if quit {
 		return true
 	}
+	if l.s.cfg.Observe != nil {
+		l.now = time.Now()
+	}
 	for i, ev := range events {
 		c := (*cs)[i]
 		if c == nil {
@@ -403,7 +407,7 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			l.end(c)
 			return false
 		}
-		ok := c.dispatch(l.dec, b[:n], false)
+		ok := c.dispatch(l.dec, b[:n], false, l.now)
 		l.served++
 		if n > frameKeep {
 			// The decoder keeps a buffer as large as the longest string

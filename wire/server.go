@@ -534,14 +534,18 @@ func (c *conn) readLoop() {
 		// yet (a client waiting for this answer; a pipelining client gets
 		// its writes served concurrently, so they share commits). Never
 		// an acquire that may wait for the lock.
-		if !c.dispatch(dec, frame, fr.idle()) {
+		var now time.Time
+		if c.s.cfg.Observe != nil {
+			now = time.Now()
+		}
+		if !c.dispatch(dec, frame, fr.idle(), now) {
 			return
 		}
 	}
 }
 
 // dispatch parses one message and serves it, or starts a handler for it.
-// idle allows serving a write on the calling goroutine (it may wait for a
+// now is when it was read, with Config.Observe. idle allows serving a write on the calling goroutine (it may wait for a
 // commit): the goroutine read loop passes it when the client has sent
 // nothing more; the event loop never does. Reads, whose answers can be
 // large (a scan page, a value), are always served by the caller, as
@@ -550,8 +554,9 @@ func (c *conn) readLoop() {
 // most the budget and one such answer, plus the small answers of the
 // requests in flight. dispatch returns false when the connection must be
 // closed (a message too malformed to answer).
-func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool) bool {
+func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.Time) bool {
 	m, hasID, err := parseMessage(dec, frame)
+	m.began = now
 	if err != nil {
 		if !hasID {
 			c.s.log.Debug("closing connection after malformed message", "remote", c.nc.RemoteAddr(), "err", err)
@@ -569,7 +574,7 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool) bool {
 		c.observe(m.method, fencekv.CodeBadRequest)
 		return true
 	}
-	if readOnly[m.method] || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
+	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
 		c.handle(m, &a)
 		return true
@@ -670,10 +675,6 @@ func (c *conn) frameError(dec *msgpack.Decoder, prefix []byte, err error) {
 }
 
 func (c *conn) handle(m message, a *args) {
-	var start time.Time
-	if c.s.cfg.Observe != nil {
-		start = time.Now()
-	}
 	var code fencekv.Code // of the refusal, for Observe
 	defer func() {
 		if p := recover(); p != nil {
@@ -686,14 +687,17 @@ func (c *conn) handle(m message, a *args) {
 			c.finish(m, e, &fencekv.Error{Code: code, Message: fmt.Sprintf("internal error serving %s", m.method)})
 		}
 		if c.s.cfg.Observe != nil {
-			c.s.cfg.Observe(m.method, code, time.Since(start))
+			c.s.cfg.Observe(m.method, code, time.Since(m.began))
 		}
 		c.handlers.Done()
 	}()
 	e := encoderPool.Get().(*encoder)
 	e.response(m.msgid)
-	call, ok := methods[m.method]
-	if !ok {
+	var call method
+	ok := m.info != nil && m.info.call != nil
+	if ok {
+		call = m.info.call
+	} else {
 		call, ok = c.connMethod(m.method)
 	}
 	watching := m.method == "watch" || m.method == "unwatch" // methods of the connection itself (watch.go)

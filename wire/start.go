@@ -116,7 +116,10 @@ func (c *conn) starterFor(m *message, a *args) starter {
 	if c.raw == nil || c.s.db == nil {
 		return nil
 	}
-	st := starters[m.method]
+	if m.info == nil {
+		return nil
+	}
+	st := m.info.start
 	if st == nil || m.method == "acquire" && a.waitMs != 0 {
 		return nil
 	}
@@ -132,7 +135,6 @@ type started struct {
 	e      *encoder
 	ctx    context.Context
 	encode func(*encoder, *args, fencekv.Result)
-	began  time.Time
 }
 
 // start serves m as handle does, with the engine's wait replaced by
@@ -141,9 +143,6 @@ type started struct {
 // it is answered.
 func (c *conn) start(st starter, m message, a *args) {
 	s := &started{c: c, m: m, a: a, e: encoderPool.Get().(*encoder)}
-	if c.s.cfg.Observe != nil {
-		s.began = time.Now()
-	}
 	s.e.response(m.msgid)
 	ctx, ferr := c.authorize(c.base, m.method, a) // auth.go
 	if ferr != nil {
@@ -199,7 +198,7 @@ func (s *started) refuse(err error) fencekv.Code {
 // done reports the request to Config.Observe and ends it.
 func (s *started) done(code fencekv.Code) {
 	if s.c.s.cfg.Observe != nil {
-		s.c.s.cfg.Observe(s.m.method, code, time.Since(s.began))
+		s.c.s.cfg.Observe(s.m.method, code, time.Since(s.m.began))
 	}
 	s.c.handlers.Done()
 }
