@@ -264,11 +264,19 @@ func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
 // so that no connection or listener on port 0, in this test or any other
 // process, is given it between now and when the node binds it (and binds
 // it again after a restart).
+// A port it returned is never returned again in this process: until its
+// node binds it, it looks free (two nodes of one cluster were once given
+// the same port, one's client address the other's HTTP address).
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
 	lo, hi := fixedPorts()
+	givenMu.Lock()
+	defer givenMu.Unlock()
 	for range 200 {
 		port := lo + rand.IntN(hi-lo)
+		if given[port] {
+			continue
+		}
 		addr := net.JoinHostPort("127.0.0.1", strconv.Itoa(port))
 		l, err := net.Listen("tcp", addr)
 		if err != nil {
@@ -280,11 +288,17 @@ func freeAddr(tb testing.TB) string {
 			continue
 		}
 		u.Close()
+		given[port] = true
 		return addr
 	}
 	tb.Fatal("clustertest: no free port for TCP and UDP")
 	return ""
 }
+
+var (
+	givenMu sync.Mutex
+	given   = map[int]bool{} // ports freeAddr returned
+)
 
 // fixedPorts is the range freeAddr picks from: below the ephemeral ports
 // (/proc/sys/net/ipv4/ip_local_port_range; 32768 by default).
