@@ -43,6 +43,14 @@ var errNoID = errors.New("malformed message: no msgid")
 // response to m.msgid; without it, the connection should be closed.
 // m.params is a slice of frame, not a copy.
 func parseMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, err error) {
+	if m, ok := fastMessage(frame); ok { // fastparse.go
+		return m, m.typ == typeRequest, nil
+	}
+	return decodeMessage(dec, frame)
+}
+
+// decodeMessage is parseMessage with the msgpack decoder, for every layout.
+func decodeMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, err error) {
 	r := resetDecoder(dec, frame)
 	n, err := dec.DecodeArrayLen()
 	if err != nil || (n != 4 && n != 3) {
@@ -234,13 +242,22 @@ func (a *args) size() int64 {
 	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)+len(a.name)+len(a.secret)) + entryOverhead
 }
 
-// parseArgs decodes the params map. Unknown fields are ignored, so newer
-// clients can talk to older servers; a field of the wrong type is
-// bad_request.
+// parseArgs decodes the params map into a, which is zero. Unknown fields
+// are ignored, so newer clients can talk to older servers; a field of the
+// wrong type is bad_request.
 func parseArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 	if raw == nil {
 		return nil
 	}
+	if fastArgs(raw, a) { // fastparse.go
+		return nil
+	}
+	*a = args{} // the fast parse may have filled part of it
+	return decodeArgs(dec, raw, a)
+}
+
+// decodeArgs is parseArgs with the msgpack decoder, for every params map.
+func decodeArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 	r := resetDecoder(dec, raw)
 	var own arena
 	n, err := dec.DecodeMapLen()

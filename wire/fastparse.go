@@ -1,0 +1,363 @@
+package wire
+
+import (
+	"encoding/binary"
+	"math"
+
+	"github.com/vmihailenco/msgpack/v5/msgpcode"
+)
+
+// The fast parse. Requests are nearly always laid out one way: a fixarray
+// of 4 (or 3), a small type and msgid, a method name as a short str, and
+// params holding one map whose names are strs and whose values are nil,
+// str, bin, integers or booleans. fastMessage and fastArgs parse those
+// straight from the frame's bytes, without the msgpack decoder, whose
+// per-value calls through an io.Reader were a third of what parsing a get
+// cost. Anything else (a compare or ops list, an unusual width, bad input)
+// makes them report false, and parseMessage and parseArgs parse it with the
+// decoder: so the fast parse never refuses anything, every refusal is the
+// decoder path's, and both accept the same requests with the same result
+// (TestFastParse checks it on the fuzz seeds and random messages).
+
+// mpStr returns the bounds of the str or bin at b[i:] and the index after
+// it, for the codes parse accepts as strings (str, bin), or ok false.
+func mpStr(b []byte, i int) (start, end int, ok bool) {
+	if i >= len(b) {
+		return 0, 0, false
+	}
+	c := b[i]
+	n := 0
+	switch {
+	case msgpcode.IsFixedString(c):
+		n, i = int(c&msgpcode.FixedStrMask), i+1
+	case c == msgpcode.Str8 || c == msgpcode.Bin8:
+		if i+2 > len(b) {
+			return 0, 0, false
+		}
+		n, i = int(b[i+1]), i+2
+	case c == msgpcode.Str16 || c == msgpcode.Bin16:
+		if i+3 > len(b) {
+			return 0, 0, false
+		}
+		n, i = int(binary.BigEndian.Uint16(b[i+1:])), i+3
+	case c == msgpcode.Str32 || c == msgpcode.Bin32:
+		if i+5 > len(b) {
+			return 0, 0, false
+		}
+		n, i = int(binary.BigEndian.Uint32(b[i+1:])), i+5
+	default:
+		return 0, 0, false
+	}
+	if n > len(b)-i {
+		return 0, 0, false
+	}
+	return i, i + n, true
+}
+
+// mpInt reads the integer at b[i:]: its value as an int64 if it fits
+// (neg), or as a uint64, and the index after it.
+func mpInt(b []byte, i int) (v uint64, neg bool, next int, ok bool) {
+	if i >= len(b) {
+		return 0, false, 0, false
+	}
+	c := b[i]
+	size := 0
+	switch {
+	case c <= msgpcode.PosFixedNumHigh:
+		return uint64(c), false, i + 1, true
+	case c >= msgpcode.NegFixedNumLow:
+		return uint64(int64(int8(c))), true, i + 1, true
+	case c == msgpcode.Uint8 || c == msgpcode.Int8:
+		size = 1
+	case c == msgpcode.Uint16 || c == msgpcode.Int16:
+		size = 2
+	case c == msgpcode.Uint32 || c == msgpcode.Int32:
+		size = 4
+	case c == msgpcode.Uint64 || c == msgpcode.Int64:
+		size = 8
+	default:
+		return 0, false, 0, false
+	}
+	if i+1+size > len(b) {
+		return 0, false, 0, false
+	}
+	p := b[i+1:]
+	switch c {
+	case msgpcode.Uint8:
+		v = uint64(p[0])
+	case msgpcode.Uint16:
+		v = uint64(binary.BigEndian.Uint16(p))
+	case msgpcode.Uint32:
+		v = uint64(binary.BigEndian.Uint32(p))
+	case msgpcode.Uint64:
+		v = binary.BigEndian.Uint64(p)
+	case msgpcode.Int8:
+		v = uint64(int64(int8(p[0])))
+	case msgpcode.Int16:
+		v = uint64(int64(int16(binary.BigEndian.Uint16(p))))
+	case msgpcode.Int32:
+		v = uint64(int64(int32(binary.BigEndian.Uint32(p))))
+	case msgpcode.Int64:
+		v = binary.BigEndian.Uint64(p)
+	}
+	neg = c >= msgpcode.Int8 && c <= msgpcode.Int64 && int64(v) < 0
+	return v, neg, i + 1 + size, true
+}
+
+// fastUint is decodeUint's fast path: a non-negative integer.
+func fastUint(b []byte, i int) (uint64, int, bool) {
+	v, neg, next, ok := mpInt(b, i)
+	return v, next, ok && !neg
+}
+
+// fastInt is decodeInt's fast path: an integer that fits an int64.
+func fastInt(b []byte, i int) (int64, int, bool) {
+	v, neg, next, ok := mpInt(b, i)
+	return int64(v), next, ok && (neg || v <= math.MaxInt64)
+}
+
+// fastMessage is parseMessage for the usual layout; ok false: parse it
+// with the decoder.
+func fastMessage(frame []byte) (m message, ok bool) {
+	if len(frame) < 4 {
+		return m, false
+	}
+	i := 2
+	switch {
+	case frame[0] == 0x94 && frame[1] == typeRequest:
+		id, next, ok := fastUint(frame, i)
+		if !ok || id > math.MaxUint32 {
+			return m, false
+		}
+		m.msgid, i = uint32(id), next
+	case frame[0] == 0x93 && frame[1] == typeNotification:
+	default:
+		return m, false
+	}
+	m.typ = int(frame[1])
+	start, end, ok := mpStr(frame, i)
+	if !ok || end >= len(frame) {
+		return m, false
+	}
+	name := frame[start:end]
+	if m.info = methodTable[string(name)]; m.info != nil {
+		m.method = m.info.name
+	} else {
+		m.method = string(name)
+	}
+	switch frame[end] {
+	case 0x90:
+	case 0x91:
+		raw := frame[end+1:]
+		if len(raw) == 0 {
+			return m, false
+		}
+		if raw[0] != msgpcode.Nil {
+			m.params = raw
+		}
+	default:
+		return m, false
+	}
+	return m, true
+}
+
+// fastArgs is parseArgs for the usual params map; ok false: parse it with
+// the decoder (into a fresh args: a may be half filled).
+func fastArgs(raw []byte, a *args) bool {
+	if len(raw) == 0 {
+		return false
+	}
+	n, i := 0, 1
+	switch c := raw[0]; {
+	case c >= msgpcode.FixedMapLow && c <= msgpcode.FixedMapHigh:
+		n = int(c & msgpcode.FixedMapMask)
+	case c == msgpcode.Map16 && len(raw) >= 3:
+		n, i = int(binary.BigEndian.Uint16(raw[1:])), 3
+	default:
+		return false
+	}
+	var own arena
+	for range n {
+		ks, ke, ok := mpStr(raw, i)
+		if !ok || ke >= len(raw) {
+			return false
+		}
+		i = ke
+		if raw[i] == msgpcode.Nil {
+			i++
+			continue
+		}
+		f := fieldOf(raw[ks:ke])
+		a.has |= f
+		switch f {
+		case fKey, fValue, fPrefix, fStart, fSecret:
+			vs, ve, ok := mpStr(raw, i)
+			if !ok {
+				return false
+			}
+			v := own.take(raw[vs:ve], len(raw)-i)
+			switch f {
+			case fKey:
+				a.key = v
+			case fValue:
+				a.value = v
+			case fPrefix:
+				a.prefix = v
+			case fStart:
+				a.start = v
+			case fSecret:
+				a.secret = v
+			}
+			i = ve
+		case fLock, fHolder, fConsistency, fName:
+			vs, ve, ok := mpStr(raw, i)
+			if !ok {
+				return false
+			}
+			v := string(raw[vs:ve])
+			switch f {
+			case fLock:
+				a.lock = v
+			case fHolder:
+				a.holder = v
+			case fConsistency:
+				a.consistency = v
+			case fName:
+				a.name = v
+			}
+			i = ve
+		case fToken, fRevision, fOffset, fSince, fStartRev, fWatchID:
+			v, next, ok := fastUint(raw, i)
+			if !ok {
+				return false
+			}
+			switch f {
+			case fToken:
+				a.token = v
+			case fRevision:
+				a.revision = v
+			case fOffset:
+				a.offset = v
+			case fSince:
+				a.since = v
+			case fStartRev:
+				a.startRev = v
+			case fWatchID:
+				a.watchID = v
+			}
+			i = next
+		case fDelta, fLimit, fTTL, fWait, fLockDelay:
+			v, next, ok := fastInt(raw, i)
+			if !ok {
+				return false
+			}
+			switch f {
+			case fDelta:
+				a.delta = v
+			case fLimit:
+				a.limit = v
+			case fTTL:
+				a.ttlMs = v
+			case fWait:
+				a.waitMs = v
+			case fLockDelay:
+				a.delayMs = v
+			}
+			i = next
+		case fLocks, fStrict:
+			if raw[i] != msgpcode.True && raw[i] != msgpcode.False {
+				return false
+			}
+			if f == fLocks {
+				a.locks = raw[i] == msgpcode.True
+			} else {
+				a.strict = raw[i] == msgpcode.True
+			}
+			i++
+		case 0:
+			// An unknown name: skip a scalar, a str or a bin.
+			if _, ve, ok := mpStr(raw, i); ok {
+				i = ve
+			} else if _, _, next, ok := mpInt(raw, i); ok {
+				i = next
+			} else if c := raw[i]; c == msgpcode.True || c == msgpcode.False {
+				i++
+			} else {
+				return false
+			}
+		default: // compare, ops
+			return false
+		}
+	}
+	return true
+}
+
+// take copies v into the arena, as arena.bytes does: the first byte
+// param sizes it for what is left of the params (left bytes).
+func (ar *arena) take(v []byte, left int) []byte {
+	if len(v) == 0 {
+		return []byte{}
+	}
+	if cap(*ar)-len(*ar) < len(v) {
+		*ar = make([]byte, 0, left)
+	}
+	n := len(*ar)
+	*ar = append(*ar, v...)
+	return (*ar)[n : n+len(v) : n+len(v)]
+}
+
+// fieldOf is fields[string(name)], as a switch the compiler turns into a
+// few comparisons.
+func fieldOf(name []byte) field {
+	switch string(name) {
+	case "key":
+		return fKey
+	case "value":
+		return fValue
+	case "prefix":
+		return fPrefix
+	case "start":
+		return fStart
+	case "lock":
+		return fLock
+	case "holder":
+		return fHolder
+	case "token":
+		return fToken
+	case "revision":
+		return fRevision
+	case "delta":
+		return fDelta
+	case "limit":
+		return fLimit
+	case "ttl_ms":
+		return fTTL
+	case "wait_ms":
+		return fWait
+	case "lock_delay_ms":
+		return fLockDelay
+	case "strict":
+		return fStrict
+	case "consistency":
+		return fConsistency
+	case "since":
+		return fSince
+	case "compare":
+		return fCompare
+	case "ops":
+		return fOps
+	case "locks":
+		return fLocks
+	case "start_revision":
+		return fStartRev
+	case "watch_id":
+		return fWatchID
+	case "offset":
+		return fOffset
+	case "name":
+		return fName
+	case "secret":
+		return fSecret
+	}
+	return 0
+}

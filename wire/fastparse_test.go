@@ -1,0 +1,215 @@
+package wire
+
+import (
+	"bytes"
+	"encoding/binary"
+	"math/rand/v2"
+	"reflect"
+	"testing"
+
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// TestFastParse: wherever the fast parse takes a message or a params map,
+// the decoder path accepts it too, with the same result. Run on the fuzz
+// seeds and on random requests whose params mix every field, unknown
+// names, and values of every type and width, right and wrong.
+func TestFastParse(t *testing.T) {
+	for name, f := range fields {
+		if got := fieldOf([]byte(name)); got != f {
+			t.Fatalf("fieldOf(%q) = %v; want %v", name, got, f)
+		}
+	}
+	if fieldOf([]byte("other")) != 0 || fieldOf(nil) != 0 {
+		t.Fatal("fieldOf of an unknown name is not 0")
+	}
+	dec := msgpack.NewDecoder(nil)
+	fast, total := 0, 0
+	check := func(frame []byte) {
+		total++
+		if fastParseAgrees(t, dec, frame) {
+			fast++
+		}
+	}
+	for _, seed := range fuzzSeeds(t) {
+		check(seed)
+	}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for range 20000 {
+		check(randomRequest(rng))
+	}
+	if fast < total/10 {
+		t.Fatalf("the fast parse took %d of %d requests; the generator does not exercise it", fast, total)
+	}
+}
+
+// FuzzFastParse is TestFastParse's check on fuzzed frames.
+func FuzzFastParse(f *testing.F) {
+	for _, seed := range fuzzSeeds(f) {
+		f.Add(seed)
+	}
+	rng := rand.New(rand.NewPCG(3, 4))
+	for range 50 {
+		f.Add(randomRequest(rng))
+	}
+	dec := msgpack.NewDecoder(nil)
+	f.Fuzz(func(t *testing.T, frame []byte) { fastParseAgrees(t, dec, frame) })
+}
+
+// fastParseAgrees fails t if the fast parse takes frame (or its params)
+// and the decoder path does not, or differs; it reports whether the fast
+// parse took the params.
+func fastParseAgrees(t *testing.T, dec *msgpack.Decoder, frame []byte) bool {
+	t.Helper()
+	fm, ok := fastMessage(frame)
+	if !ok {
+		return false
+	}
+	dm, hasID, err := decodeMessage(dec, frame)
+	if err != nil || hasID != (fm.typ == typeRequest) || fm.typ != dm.typ || fm.msgid != dm.msgid ||
+		fm.method != dm.method || fm.info != dm.info || !bytes.Equal(fm.params, dm.params) || (fm.params == nil) != (dm.params == nil) {
+		t.Fatalf("% x: fast %+v; decoder %+v, %v, %v", frame, fm, dm, hasID, err)
+	}
+	if fm.params == nil {
+		return false
+	}
+	var fa, da args
+	if !fastArgs(fm.params, &fa) {
+		return false
+	}
+	if err := decodeArgs(dec, fm.params, &da); err != nil || !reflect.DeepEqual(fa, da) {
+		t.Fatalf("% x: fast args %+v; decoder %+v, %v", fm.params, fa, da, err)
+	}
+	return true
+}
+
+// randomRequest encodes a request (or notification) whose params map holds
+// random names and values, in widths the msgpack encoder would not pick.
+func randomRequest(rng *rand.Rand) []byte {
+	names := []string{"key", "value", "prefix", "start", "lock", "holder", "token", "revision", "delta", "limit",
+		"ttl_ms", "wait_ms", "lock_delay_ms", "strict", "consistency", "since", "compare", "ops", "locks",
+		"start_revision", "watch_id", "offset", "name", "secret", "other", ""}
+	var b []byte
+	if rng.IntN(4) == 0 {
+		b = append(b, 0x93, typeNotification)
+	} else {
+		b = append(b, 0x94, typeRequest)
+		b = randomInt(rng, b)
+	}
+	b = randomStr(rng, b, []string{"get", "put", "acquire", "nope"}[rng.IntN(4)])
+	switch rng.IntN(10) {
+	case 0:
+		return append(b, 0x90)
+	case 1:
+		return append(b, 0x91, 0xc0)
+	}
+	b = append(b, 0x91)
+	n := rng.IntN(6)
+	if rng.IntN(8) == 0 {
+		b = append(b, 0xde, 0, byte(n))
+	} else {
+		b = append(b, 0x80|byte(n))
+	}
+	for range n {
+		b = randomStr(rng, b, names[rng.IntN(len(names))])
+		switch rng.IntN(6) {
+		case 0:
+			b = append(b, 0xc0)
+		case 1, 2:
+			b = randomStr(rng, b, string(bytes.Repeat([]byte{'x'}, rng.IntN(300))))
+		case 3:
+			b = randomInt(rng, b)
+		case 4:
+			b = append(b, []byte{0xc2, 0xc3, 0xcb, 0x91}[rng.IntN(4)])
+			if b[len(b)-1] == 0xcb {
+				b = binary.BigEndian.AppendUint64(b, 0)
+			} else if b[len(b)-1] == 0x91 {
+				b = append(b, 0x80)
+			}
+		case 5:
+			b = append(b, 0x90) // an empty array: compare and ops take it
+		}
+	}
+	if rng.IntN(20) == 0 {
+		b = b[:rng.IntN(len(b))] // cut short
+	}
+	return b
+}
+
+func randomStr(rng *rand.Rand, b []byte, s string) []byte {
+	switch c := rng.IntN(5); {
+	case c == 0 && len(s) < 32:
+		b = append(b, 0xa0|byte(len(s)))
+	case c <= 1 && len(s) < 256:
+		b = append(b, []byte{0xd9, 0xc4}[rng.IntN(2)], byte(len(s)))
+	case c <= 2:
+		b = append(b, []byte{0xda, 0xc5}[rng.IntN(2)])
+		b = binary.BigEndian.AppendUint16(b, uint16(len(s)))
+	case c <= 3:
+		b = append(b, []byte{0xdb, 0xc6}[rng.IntN(2)])
+		b = binary.BigEndian.AppendUint32(b, uint32(len(s)))
+	default:
+		if len(s) < 32 {
+			b = append(b, 0xa0|byte(len(s)))
+		} else {
+			b = append(b, 0xd9, byte(min(len(s), 255)))
+			s = s[:min(len(s), 255)]
+		}
+	}
+	return append(b, s...)
+}
+
+func randomInt(rng *rand.Rand, b []byte) []byte {
+	v := rng.Uint64() >> rng.IntN(64)
+	if rng.IntN(3) == 0 {
+		v = -v
+	}
+	switch rng.IntN(9) {
+	case 0:
+		return append(b, byte(v&0x7f))
+	case 1:
+		return append(b, 0xe0|byte(v&0x1f))
+	case 2:
+		return append(b, 0xcc, byte(v))
+	case 3:
+		return binary.BigEndian.AppendUint16(append(b, 0xcd), uint16(v))
+	case 4:
+		return binary.BigEndian.AppendUint32(append(b, 0xce), uint32(v))
+	case 5:
+		return binary.BigEndian.AppendUint64(append(b, 0xcf), v)
+	case 6:
+		return append(b, 0xd0, byte(v))
+	case 7:
+		return binary.BigEndian.AppendUint32(append(b, 0xd2), uint32(v))
+	default:
+		return binary.BigEndian.AppendUint64(append(b, 0xd3), v)
+	}
+}
+
+// BenchmarkParse parses a get and a fenced put as the server does, with
+// the fast parse and with the decoder alone.
+func BenchmarkParse(b *testing.B) {
+	get, _ := msgpack.Marshal([]any{0, 7, "get", []any{map[string]any{"key": []byte("bench/key/000123")}}})
+	put, _ := msgpack.Marshal([]any{0, 7, "put", []any{map[string]any{"key": []byte("bench/key/000123"),
+		"value": bytes.Repeat([]byte{'v'}, 128), "token": 33, "lock": "bench/lock"}}})
+	dec := msgpack.NewDecoder(nil)
+	for _, tc := range []struct {
+		name  string
+		frame []byte
+	}{{"get", get}, {"put", put}} {
+		b.Run(tc.name+"/fast", func(b *testing.B) {
+			for b.Loop() {
+				m, _, _ := parseMessage(dec, tc.frame)
+				var a args
+				parseArgs(dec, m.params, &a)
+			}
+		})
+		b.Run(tc.name+"/decoder", func(b *testing.B) {
+			for b.Loop() {
+				m, _, _ := decodeMessage(dec, tc.frame)
+				var a args
+				decodeArgs(dec, m.params, &a)
+			}
+		})
+	}
+}
