@@ -131,7 +131,7 @@ func (c *conn) starterFor(m *message, a *args) starter {
 type started struct {
 	c      *conn
 	m      message
-	a      *args
+	a      args // a copy: the connection reuses its own
 	e      *encoder
 	ctx    context.Context
 	encode func(*encoder, *args, fencekv.Result)
@@ -142,14 +142,14 @@ type started struct {
 // when the batch that applied it is durable. c.handlers counts it until
 // it is answered.
 func (c *conn) start(st starter, m message, a *args) {
-	s := &started{c: c, m: m, a: a, e: encoderPool.Get().(*encoder)}
+	s := &started{c: c, m: m, a: *a, e: encoderPool.Get().(*encoder)}
 	s.e.response(m.msgid)
-	ctx, ferr := c.authorize(c.base, m.method, a) // auth.go
+	ctx, ferr := c.authorize(c.base, m.method, &s.a) // auth.go
 	if ferr != nil {
 		s.done(s.refuse(ferr))
 		return
 	}
-	cmd, w, encode, err := st(a)
+	cmd, w, encode, err := st(&s.a)
 	if err != nil {
 		s.done(s.refuse(err))
 		return
@@ -173,17 +173,17 @@ func (s *started) answer(r fencekv.Result) {
 	}()
 	switch s.m.method {
 	case "acquire":
-		auditAcquire(s.ctx, s.a, fencekv.Lease{Name: s.a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
+		auditAcquire(s.ctx, &s.a, fencekv.Lease{Name: s.a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
 	case "renew":
-		auditRenew(s.ctx, s.a, r.Err)
+		auditRenew(s.ctx, &s.a, r.Err)
 	case "release":
-		auditRelease(s.ctx, s.a, r.Err)
+		auditRelease(s.ctx, &s.a, r.Err)
 	}
 	if r.Err != nil {
 		code = s.refuse(r.Err)
 		return
 	}
-	s.encode(s.e, s.a, r)
+	s.encode(s.e, &s.a, r)
 	s.c.send(s.m, s.e)
 }
 
