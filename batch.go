@@ -233,8 +233,9 @@ func (db *DB) commitNext() {
 // what the waiting methods' contexts carry (the client's address, for the
 // refusal log); it cannot withdraw the command.
 //
-// Start is for servers that answer many clients from few goroutines (the
-// wire event loop): a write costs them no goroutine that waits.
+// Start is for servers that answer many clients from few goroutines: a
+// write costs them no goroutine that waits. A committer goroutine leads
+// its batch; StartLed lets the caller lead instead (the wire event loop).
 func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Result)) {
 	if db.start(ctx, c, w, then) {
 		db.kickCommitter()
