@@ -195,84 +195,34 @@ func fastArgs(raw []byte, a *args) bool {
 			if !ok {
 				return false
 			}
-			v := own.take(raw[vs:ve], len(raw)-i)
-			switch f {
-			case fKey:
-				a.key = v
-			case fValue:
-				a.value = v
-			case fPrefix:
-				a.prefix = v
-			case fStart:
-				a.start = v
-			case fSecret:
-				a.secret = v
-			}
+			*a.bytesOf(f) = own.take(raw[vs:ve], len(raw)-i)
 			i = ve
 		case fLock, fHolder, fConsistency, fName:
 			vs, ve, ok := mpStr(raw, i)
 			if !ok {
 				return false
 			}
-			v := string(raw[vs:ve])
-			switch f {
-			case fLock:
-				a.lock = v
-			case fHolder:
-				a.holder = v
-			case fConsistency:
-				a.consistency = v
-			case fName:
-				a.name = v
-			}
+			*a.stringOf(f) = string(raw[vs:ve])
 			i = ve
 		case fToken, fRevision, fOffset, fSince, fStartRev, fWatchID:
 			v, next, ok := fastUint(raw, i)
 			if !ok {
 				return false
 			}
-			switch f {
-			case fToken:
-				a.token = v
-			case fRevision:
-				a.revision = v
-			case fOffset:
-				a.offset = v
-			case fSince:
-				a.since = v
-			case fStartRev:
-				a.startRev = v
-			case fWatchID:
-				a.watchID = v
-			}
+			*a.uintOf(f) = v
 			i = next
 		case fDelta, fLimit, fTTL, fWait, fLockDelay:
 			v, next, ok := fastInt(raw, i)
 			if !ok {
 				return false
 			}
-			switch f {
-			case fDelta:
-				a.delta = v
-			case fLimit:
-				a.limit = v
-			case fTTL:
-				a.ttlMs = v
-			case fWait:
-				a.waitMs = v
-			case fLockDelay:
-				a.delayMs = v
-			}
+			*a.intOf(f) = v
 			i = next
 		case fLocks, fStrict:
 			if raw[i] != msgpcode.True && raw[i] != msgpcode.False {
 				return false
 			}
-			if f == fLocks {
-				a.locks = raw[i] == msgpcode.True
-			} else {
-				a.strict = raw[i] == msgpcode.True
-			}
+			*a.boolOf(f) = raw[i] == msgpcode.True
 			i++
 		case 0:
 			// An unknown name: skip a scalar, a str or a bin.
@@ -360,4 +310,69 @@ func fieldOf(name []byte) field {
 		return fSecret
 	}
 	return 0
+}
+
+// The fields of args, by the field that names them, for the fast parse.
+
+func (a *args) bytesOf(f field) *[]byte {
+	switch f {
+	case fKey:
+		return &a.key
+	case fValue:
+		return &a.value
+	case fPrefix:
+		return &a.prefix
+	case fStart:
+		return &a.start
+	}
+	return &a.secret // fSecret
+}
+
+func (a *args) stringOf(f field) *string {
+	switch f {
+	case fLock:
+		return &a.lock
+	case fHolder:
+		return &a.holder
+	case fConsistency:
+		return &a.consistency
+	}
+	return &a.name // fName
+}
+
+func (a *args) uintOf(f field) *uint64 {
+	switch f {
+	case fToken:
+		return &a.token
+	case fRevision:
+		return &a.revision
+	case fOffset:
+		return &a.offset
+	case fSince:
+		return &a.since
+	case fStartRev:
+		return &a.startRev
+	}
+	return &a.watchID // fWatchID
+}
+
+func (a *args) intOf(f field) *int64 {
+	switch f {
+	case fDelta:
+		return &a.delta
+	case fLimit:
+		return &a.limit
+	case fTTL:
+		return &a.ttlMs
+	case fWait:
+		return &a.waitMs
+	}
+	return &a.delayMs // fLockDelay
+}
+
+func (a *args) boolOf(f field) *bool {
+	if f == fLocks {
+		return &a.locks
+	}
+	return &a.strict // fStrict
 }
