@@ -134,3 +134,40 @@ func TestManyClientsEachGetTheirOwnAnswers(t *testing.T) {
 		wg.Wait()
 	})
 }
+
+// TestWritesBeyondOneBatch: a burst of writes larger than one batch, in
+// one segment (on the event loop, a round of only writes, which the loop
+// commits itself: one batch, then a committer for the rest), and a burst
+// of writes and reads together (handed to a committer): every request is
+// answered once, and every write applied once.
+func TestWritesBeyondOneBatch(t *testing.T) {
+	eachMode(t, func(t *testing.T, loop bool) {
+		ts := startServer(t, func(o *fencekv.Options, c *wire.Config) { o.MaxBatch = 4; c.EventLoop = loop })
+		raw := dialRaw(t, ts.Addr)
+		var msgs []any
+		for i := range 40 {
+			msgs = append(msgs, []any{0, i, "incr", []any{map[string]any{"key": "n", "delta": 1}}})
+		}
+		raw.send(msgs...)
+		msgs = msgs[:0]
+		for i := range 40 {
+			method, params := "incr", map[string]any{"key": "n", "delta": 1}
+			if i%2 == 1 {
+				method, params = "get", map[string]any{"key": "n"}
+			}
+			msgs = append(msgs, []any{0, 100 + i, method, []any{params}})
+		}
+		raw.send(msgs...)
+		got := map[uint64]bool{}
+		for range 80 {
+			p := raw.reply()
+			if p.err != nil || got[p.id] {
+				t.Fatalf("answer %+v (answered before: %v)", p, got[p.id])
+			}
+			got[p.id] = true
+		}
+		if e, err := ts.DB.Get(context.Background(), []byte("n")); err != nil || string(e.Value) != "60" {
+			t.Fatalf("n = %q, %v; want 60", e.Value, err)
+		}
+	})
+}
