@@ -77,11 +77,7 @@ func decodeMessage(dec *msgpack.Decoder, frame []byte) (m message, hasID bool, e
 	if err != nil {
 		return m, hasID, badRequest("method must be a string")
 	}
-	if m.info = methodTable[string(name)]; m.info != nil {
-		m.method = m.info.name
-	} else {
-		m.method = string(name)
-	}
+	m.named(name)
 	np, err := dec.DecodeArrayLen()
 	if err != nil {
 		return m, hasID, badRequest("params must be an array")
@@ -147,6 +143,16 @@ type methodInfo struct {
 
 // methodTable holds every method the server knows, by name.
 var methodTable = map[string]*methodInfo{}
+
+// named sets m's method from its name in the frame: a known method's
+// info, and its name without an allocation.
+func (m *message) named(name []byte) {
+	if m.info = methodTable[string(name)]; m.info != nil {
+		m.method = m.info.name
+	} else {
+		m.method = string(name)
+	}
+}
 
 func init() {
 	for _, n := range []string{"watch", "unwatch", "backup", "backup_read"} { // the connection's own (server.go, backup.go)

@@ -22,32 +22,19 @@ import (
 // mpStr returns the bounds of the str or bin at b[i:] and the index after
 // it, for the codes parse accepts as strings (str, bin), or ok false.
 func mpStr(b []byte, i int) (start, end int, ok bool) {
-	if i >= len(b) {
+	if i >= len(b) || !msgpcode.IsString(b[i]) && !msgpcode.IsBin(b[i]) {
 		return 0, 0, false
 	}
-	c := b[i]
-	n := 0
-	switch {
-	case msgpcode.IsFixedString(c):
-		n, i = int(c&msgpcode.FixedStrMask), i+1
-	case c == msgpcode.Str8 || c == msgpcode.Bin8:
-		if i+2 > len(b) {
-			return 0, 0, false
-		}
-		n, i = int(b[i+1]), i+2
-	case c == msgpcode.Str16 || c == msgpcode.Bin16:
-		if i+3 > len(b) {
-			return 0, 0, false
-		}
-		n, i = int(binary.BigEndian.Uint16(b[i+1:])), i+3
-	case c == msgpcode.Str32 || c == msgpcode.Bin32:
-		if i+5 > len(b) {
-			return 0, 0, false
-		}
-		n, i = int(binary.BigEndian.Uint32(b[i+1:])), i+5
-	default:
+	h, _ := header(b[i]) // frame.go: a str's or bin's length
+	n, w := h.body, int(h.width)
+	i++
+	if i+w > len(b) {
 		return 0, 0, false
 	}
+	if w > 0 {
+		n = beInt(b[i : i+w])
+	}
+	i += w
 	if n > len(b)-i {
 		return 0, 0, false
 	}
@@ -139,12 +126,7 @@ func fastMessage(frame []byte) (m message, ok bool) {
 	if !ok || end >= len(frame) {
 		return m, false
 	}
-	name := frame[start:end]
-	if m.info = methodTable[string(name)]; m.info != nil {
-		m.method = m.info.name
-	} else {
-		m.method = string(name)
-	}
+	m.named(frame[start:end])
 	switch frame[end] {
 	case 0x90:
 	case 0x91:

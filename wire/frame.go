@@ -195,6 +195,15 @@ func header(c byte) (hdr, error) {
 	return hdr{}, fmt.Errorf("invalid msgpack code 0x%02x", c)
 }
 
+// beInt reads a header's big-endian length field.
+func beInt(b []byte) int {
+	n := 0
+	for _, x := range b {
+		n = n<<8 | int(x)
+	}
+	return n
+}
+
 // errShortFrame is returned by scanFrame when b holds only the start of a
 // message: more bytes must arrive.
 var errShortFrame = errors.New("incomplete message")
@@ -265,10 +274,7 @@ func (f *frameScan) scan(b []byte, max int) (n int, err error) {
 				}
 				return 0, errShortFrame // the header again, with its length, next time
 			}
-			n := 0
-			for _, x := range b[off : off+w] {
-				n = n<<8 | int(x)
-			}
+			n := beInt(b[off : off+w])
 			off += w
 			body, children = h.counts(n)
 		}

@@ -82,7 +82,9 @@ type Config struct {
 	// EventLoop serves plain TCP connections to a *fencekv.DB from one
 	// event loop (epoll, on Linux) instead of a goroutine per connection:
 	// one read brings whatever a client sent, reads are answered by the
-	// loop itself, and only writes get a goroutine. It costs the server
+	// loop itself, writes are started without a goroutine waiting for
+	// them and committed by the loop or a committer (loop_linux.go), and
+	// only an acquire that may wait gets a goroutine. It costs the server
 	// less CPU per request. TLS connections, other engines (a cluster
 	// node) and other systems always get a goroutine per connection.
 	EventLoop bool
@@ -547,9 +549,10 @@ func (c *conn) readLoop() {
 }
 
 // dispatch parses one message and serves it, or starts a handler for it.
-// now is when it was read, with Config.Observe. idle allows serving a write on the calling goroutine (it may wait for a
-// commit): the goroutine read loop passes it when the client has sent
-// nothing more; the event loop never does. Reads, whose answers can be
+// now is when it was read (with Config.Observe). idle allows serving a
+// write on the calling goroutine (it may wait for a commit): the
+// goroutine read loop passes it when the client has sent nothing more;
+// the event loop never does. Reads, whose answers can be
 // large (a scan page, a value), are always served by the caller, as
 // requests or notifications: so one at a time per connection, each after
 // the budget check, and a client that does not read its answers holds at
