@@ -156,6 +156,14 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 	r := newRequest(Command{Op: OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
 	r.wait = ao.Wait
 	defer r.free()
+	var timer Timer
+	if ao.Wait > 0 {
+		// The wait runs from the call, not from when the caller learns it
+		// was queued: by then the clock may have moved on (a test clock
+		// advanced in between left such a timer waiting for good).
+		timer = db.clock.NewTimer(ao.Wait)
+		defer timer.Stop()
+	}
 	if err := db.submit(ctx, r); err != nil {
 		return Lease{}, err
 	}
@@ -165,13 +173,12 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 		}
 		return Lease{Name: name, Token: r.res.Grant.Token, TTL: r.res.Grant.TTL}, nil
 	}
-	return db.awaitGrant(ctx, r.waiter, ao.Wait)
+	return db.awaitGrant(ctx, r.waiter, timer)
 }
 
-// awaitGrant waits for a queued acquire's turn, its wait limit, or ctx.
-func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, wait time.Duration) (Lease, error) {
-	timer := db.clock.NewTimer(wait)
-	defer timer.Stop()
+// awaitGrant waits for a queued acquire's turn, its wait limit (timer), or
+// ctx.
+func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lease, error) {
 	granted := func() (Lease, error) {
 		if w.Err != nil {
 			return Lease{}, w.Err
