@@ -239,6 +239,7 @@ type args struct {
 	name                      string // auth
 	secret                    []byte // auth
 	has                       field
+	borrowed                  bool // byte arguments are slices of the frame (fastFrame)
 
 	acquireOpts fencekv.AcquireOptions // what acquire passes the engine (methods.go)
 }

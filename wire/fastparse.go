@@ -106,31 +106,14 @@ func fastInt(b []byte, i int) (int64, int, bool) {
 // fastMessage is parseMessage for the usual layout; ok false: parse it
 // with the decoder.
 func fastMessage(frame []byte) (m message, ok bool) {
-	if len(frame) < 4 {
+	m, i, ok := fastHead(frame)
+	if !ok {
 		return m, false
 	}
-	i := 2
-	switch {
-	case frame[0] == 0x94 && frame[1] == typeRequest:
-		id, next, ok := fastUint(frame, i)
-		if !ok || id > math.MaxUint32 {
-			return m, false
-		}
-		m.msgid, i = uint32(id), next
-	case frame[0] == 0x93 && frame[1] == typeNotification:
-	default:
-		return m, false
-	}
-	m.typ = int(frame[1])
-	start, end, ok := mpStr(frame, i)
-	if !ok || end >= len(frame) {
-		return m, false
-	}
-	m.named(frame[start:end])
-	switch frame[end] {
+	switch frame[i] {
 	case 0x90:
 	case 0x91:
-		raw := frame[end+1:]
+		raw := frame[i+1:]
 		if len(raw) == 0 {
 			return m, false
 		}
@@ -143,11 +126,74 @@ func fastMessage(frame []byte) (m message, ok bool) {
 	return m, true
 }
 
+// fastHead parses a message in the usual layout from the start of b up
+// to its params array: it returns the message without params, and the
+// index of the params array's header, which b holds.
+func fastHead(b []byte) (m message, params int, ok bool) {
+	if len(b) < 4 {
+		return m, 0, false
+	}
+	i := 2
+	switch {
+	case b[0] == 0x94 && b[1] == typeRequest:
+		id, next, ok := fastUint(b, i)
+		if !ok || id > math.MaxUint32 {
+			return m, 0, false
+		}
+		m.msgid, i = uint32(id), next
+	case b[0] == 0x93 && b[1] == typeNotification:
+	default:
+		return m, 0, false
+	}
+	m.typ = int(b[1])
+	start, end, ok := mpStr(b, i)
+	if !ok || end >= len(b) {
+		return m, 0, false
+	}
+	m.named(b[start:end])
+	return m, end, true
+}
+
+// fastFrame is the event loop's fast parse: it parses the message at the
+// start of b, which may hold less or more than one, and its params into
+// a, without framing it first (the frame scan walked each message once
+// more). It returns the message and its length, or ok false if b does
+// not start with a whole message in the usual layout: then frame it and
+// parse it the usual way. With borrow, a's byte arguments are slices of
+// b (args.own copies them).
+func fastFrame(b []byte, a *args, borrow bool) (m message, n int, ok bool) {
+	m, i, ok := fastHead(b)
+	if !ok {
+		return m, 0, false
+	}
+	switch {
+	case b[i] == 0x90:
+		return m, i + 1, true
+	case b[i] != 0x91 || i+1 >= len(b):
+		return m, 0, false
+	case b[i+1] == msgpcode.Nil:
+		return m, i + 2, true
+	}
+	k, ok := fastMap(b[i+1:], a, borrow)
+	if !ok {
+		return m, 0, false
+	}
+	m.params = b[i+1 : i+1+k]
+	return m, i + 1 + k, true
+}
+
 // fastArgs is parseArgs for the usual params map; ok false: parse it with
 // the decoder (into a fresh args: a may be half filled).
 func fastArgs(raw []byte, a *args) bool {
+	_, ok := fastMap(raw, a, false)
+	return ok
+}
+
+// fastMap parses the params map at the start of raw into a, and returns
+// its length. The byte arguments are copies, or with borrow slices of raw.
+func fastMap(raw []byte, a *args, borrow bool) (int, bool) {
 	if len(raw) == 0 {
-		return false
+		return 0, false
 	}
 	n, i := 0, 1
 	switch c := raw[0]; {
@@ -156,13 +202,14 @@ func fastArgs(raw []byte, a *args) bool {
 	case c == msgpcode.Map16 && len(raw) >= 3:
 		n, i = int(binary.BigEndian.Uint16(raw[1:])), 3
 	default:
-		return false
+		return 0, false
 	}
 	var own arena
+	a.borrowed = borrow
 	for range n {
 		ks, ke, ok := mpStr(raw, i)
 		if !ok || ke >= len(raw) {
-			return false
+			return 0, false
 		}
 		i = ke
 		if raw[i] == msgpcode.Nil {
@@ -175,34 +222,38 @@ func fastArgs(raw []byte, a *args) bool {
 		case fKey, fValue, fPrefix, fStart, fSecret:
 			vs, ve, ok := mpStr(raw, i)
 			if !ok {
-				return false
+				return 0, false
 			}
-			*a.bytesOf(f) = own.take(raw[vs:ve], len(raw)-i)
+			if borrow {
+				*a.bytesOf(f) = raw[vs:ve:ve]
+			} else {
+				*a.bytesOf(f) = own.take(raw[vs:ve], len(raw)-i)
+			}
 			i = ve
 		case fLock, fHolder, fConsistency, fName:
 			vs, ve, ok := mpStr(raw, i)
 			if !ok {
-				return false
+				return 0, false
 			}
 			*a.stringOf(f) = string(raw[vs:ve])
 			i = ve
 		case fToken, fRevision, fOffset, fSince, fStartRev, fWatchID:
 			v, next, ok := fastUint(raw, i)
 			if !ok {
-				return false
+				return 0, false
 			}
 			*a.uintOf(f) = v
 			i = next
 		case fDelta, fLimit, fTTL, fWait, fLockDelay:
 			v, next, ok := fastInt(raw, i)
 			if !ok {
-				return false
+				return 0, false
 			}
 			*a.intOf(f) = v
 			i = next
 		case fLocks, fStrict:
 			if raw[i] != msgpcode.True && raw[i] != msgpcode.False {
-				return false
+				return 0, false
 			}
 			*a.boolOf(f) = raw[i] == msgpcode.True
 			i++
@@ -215,13 +266,13 @@ func fastArgs(raw []byte, a *args) bool {
 			} else if c := raw[i]; c == msgpcode.True || c == msgpcode.False {
 				i++
 			} else {
-				return false
+				return 0, false
 			}
 		default: // compare, ops
-			return false
+			return 0, false
 		}
 	}
-	return true
+	return i, true
 }
 
 // take copies v into the arena, as arena.bytes does: the first byte
@@ -236,6 +287,27 @@ func (ar *arena) take(v []byte, left int) []byte {
 	n := len(*ar)
 	*ar = append(*ar, v...)
 	return (*ar)[n : n+len(v) : n+len(v)]
+}
+
+// own gives a's byte arguments, borrowed from a frame (fastFrame), memory
+// of their own, in one allocation: for a request that outlives the frame.
+func (a *args) own() {
+	if !a.borrowed {
+		return
+	}
+	a.borrowed = false
+	fs := [...]*[]byte{&a.key, &a.value, &a.prefix, &a.start, &a.secret}
+	left := 0
+	for _, f := range fs {
+		left += len(*f)
+	}
+	var ar arena
+	for _, f := range fs {
+		if *f != nil {
+			*f = ar.take(*f, left)
+			left -= len(*f)
+		}
+	}
 }
 
 // fieldOf is fields[string(name)], as a switch the compiler turns into a

@@ -61,6 +61,8 @@ func FuzzFastParse(f *testing.F) {
 // parse took the params.
 func fastParseAgrees(t *testing.T, dec *msgpack.Decoder, frame []byte) bool {
 	t.Helper()
+	fastFrameAgrees(t, dec, frame)
+	fastFrameAgrees(t, dec, append(append([]byte{}, frame...), frame...))
 	fm, ok := fastMessage(frame)
 	if !ok {
 		return false
@@ -81,6 +83,44 @@ func fastParseAgrees(t *testing.T, dec *msgpack.Decoder, frame []byte) bool {
 		t.Fatalf("% x: fast args %+v; decoder %+v, %v", fm.params, fa, da, err)
 	}
 	return true
+}
+
+// fastFrameAgrees fails t if fastFrame takes a message at the start of
+// stream that the frame scan frames otherwise, or that the decoder path
+// parses otherwise.
+func fastFrameAgrees(t *testing.T, dec *msgpack.Decoder, stream []byte) {
+	t.Helper()
+	for _, borrow := range []bool{false, true} {
+		var fa args
+		buf := bytes.Clone(stream)
+		fm, n, ok := fastFrame(buf, &fa, borrow)
+		if !ok {
+			continue
+		}
+		if want, err := scanFrame(stream, len(stream)); err != nil || n != want {
+			t.Fatalf("% x: fastFrame took %d bytes; the frame scan %d, %v", stream, n, want, err)
+		}
+		dm, _, err := decodeMessage(dec, stream[:n])
+		if err != nil || fm.typ != dm.typ || fm.msgid != dm.msgid || fm.info != dm.info || fm.method != dm.method || !bytes.Equal(fm.params, dm.params) {
+			t.Fatalf("% x: fastFrame %+v; decoder %+v, %v", stream[:n], fm, dm, err)
+		}
+		var da args
+		if dm.params != nil {
+			if err := decodeArgs(dec, dm.params, &da); err != nil {
+				t.Fatalf("% x: fastFrame took params the decoder refuses: %v", dm.params, err)
+			}
+		}
+		if fa.borrowed != (borrow && fm.params != nil) {
+			t.Fatalf("borrowed %v with borrow %v", fa.borrowed, borrow)
+		}
+		fa.own()
+		for i := range buf {
+			buf[i] = 0xff // the frame buffer is reused: the args own their bytes
+		}
+		if !reflect.DeepEqual(fa, da) {
+			t.Fatalf("% x: fastFrame args %+v; decoder %+v", stream[:n], fa, da)
+		}
+	}
 }
 
 // randomRequest encodes a request (or notification) whose params map holds

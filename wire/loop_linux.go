@@ -398,6 +398,20 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			}
 			return false
 		}
+		if !c.scan.begun {
+			// A whole message in the usual layout is parsed without
+			// framing it first (fastparse.go); its byte arguments are
+			// borrowed from b until it is served.
+			a := &c.args
+			*a = args{}
+			if m, n, ok := fastFrame(b, a, true); ok && n <= max {
+				m.began = l.now
+				c.serveRequest(m, a, false)
+				l.served++
+				b = b[n:]
+				continue
+			}
+		}
 		n, err := c.scan.scan(b, max)
 		if err == errShortFrame {
 			break

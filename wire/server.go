@@ -584,11 +584,22 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 		c.observe(m.method, fencekv.CodeBadRequest)
 		return true
 	}
+	c.serveRequest(m, a, idle)
+	return true
+}
+
+// serveRequest serves the parsed message m with arguments a, as dispatch
+// says.
+// a's byte arguments may be borrowed from the frame (fastFrame): a request
+// served here is done with them when serve returns, and one that outlives
+// it makes them its own.
+func (c *conn) serveRequest(m message, a *args, idle bool) {
 	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
 		c.handle(m, a)
-		return true
+		return
 	}
+	a.own()
 	select {
 	case c.slots <- struct{}{}:
 		m.slot = true
@@ -598,7 +609,7 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 				Message: fmt.Sprintf("too many requests in flight on this connection (limit %d)", c.s.cfg.MaxInFlight)})
 		}
 		c.observe(m.method, fencekv.CodeLimitExceeded)
-		return true
+		return
 	}
 	m.params = nil // parsed into a; the frame buffer is reused
 	// A request in flight holds its arguments (a put's value) until
@@ -613,10 +624,9 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 	c.handlers.Add(1)
 	if st := c.starterFor(&m, a); st != nil {
 		c.start(st, m, a) // start.go: no goroutine waits for the commit
-		return true
+		return
 	}
 	c.s.goHandle(c, m, a)
-	return true
 }
 
 // job is a request for a handler goroutine.
