@@ -105,6 +105,17 @@ func (db *DB) Get(ctx context.Context, key []byte) (Entry, error) {
 	return db.m.Get(key)
 }
 
+// GetFunc calls fn with the key's entry, as Get would return it, but
+// without copying the value: the entry's Value is the store's own memory,
+// valid only until fn returns, and must not be changed. For a caller that
+// only reads the value (a server encoding it into its answer).
+func (db *DB) GetFunc(ctx context.Context, key []byte, fn func(Entry)) error {
+	if err := db.opts.CheckKey(key); err != nil {
+		return err
+	}
+	return db.m.GetFunc(key, fn)
+}
+
 // ScanOptions select the keys of a Scan.
 type ScanOptions struct {
 	Prefix []byte

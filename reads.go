@@ -23,6 +23,15 @@ func (m *Machine) Get(key []byte) (Entry, error) {
 	return Entry(e), err
 }
 
+// GetFunc calls fn with the key's entry, as Get returns it, but without
+// copying the value: Value is valid only until fn returns.
+func (m *Machine) GetFunc(key []byte, fn func(Entry)) error {
+	return m.view(0, func(tx *kv.Tx, _ time.Duration) error {
+		fn(Entry(tx.Peek(key)))
+		return nil
+	})
+}
+
 // Scan returns up to limit live keys from o, in byte order, stopping
 // after about maxBytes.
 func (m *Machine) Scan(o ScanOptions, limit, maxBytes int) (items []Entry, more bool, err error) {

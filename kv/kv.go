@@ -681,6 +681,14 @@ func (t *Tx) Get(key []byte) Entry {
 	return e
 }
 
+// Peek returns the key's entry as Get does, without copying the value:
+// Value is the store's own memory, valid until the transaction ends, and
+// must not be changed.
+func (t *Tx) Peek(key []byte) Entry {
+	e, _ := t.get(key, false)
+	return e
+}
+
 // get decodes the key's record: the overlay's, or else the keys bucket's,
 // or else the tombstone's. It copies the value when copyValue is set;
 // otherwise the value aliases bbolt memory valid only until the next

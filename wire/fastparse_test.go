@@ -253,3 +253,21 @@ func BenchmarkParse(b *testing.B) {
 		})
 	}
 }
+
+// TestMethodSlots: every method has a slot of its own, so none is found
+// by the map lookup methodOf falls back to; and the fallback finds them.
+func TestMethodSlots(t *testing.T) {
+	for name, info := range methodTable {
+		if methodSlots[methodSlot([]byte(name))] != info {
+			t.Errorf("method %q shares slot %d with %q: change methodSlot", name, methodSlot([]byte(name)), methodSlots[methodSlot([]byte(name))].name)
+		}
+		if methodOf([]byte(name)) != info {
+			t.Errorf("methodOf(%q) is not its info", name)
+		}
+	}
+	for _, name := range []string{"", "g", "gets", "nope", "Get"} {
+		if methodOf([]byte(name)) != nil {
+			t.Errorf("methodOf(%q) found a method", name)
+		}
+	}
+}

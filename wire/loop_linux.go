@@ -11,6 +11,7 @@ import (
 	"os"
 	"runtime"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 	"unsafe"
@@ -77,11 +78,12 @@ type eventLoop struct {
 	wake [2]int // a non-blocking pipe: a byte in it wakes the loop
 
 	mu      sync.Mutex
-	conns   map[int32]*conn // registered connections, by descriptor
-	resumed []*conn         // connections to read again: their budget has room (wake)
-	woken   bool            // a byte is in the pipe, unread
-	quit    bool            // the server is closing: end once no connection is left
-	dead    bool            // the loop failed: it takes no connection
+	conns   []*conn // registered connections, indexed by descriptor (nil: none)
+	nconns  int     // how many conns holds
+	resumed []*conn // connections to read again: their budget has room (wake)
+	woken   bool    // a byte is in the pipe, unread
+	quit    bool    // the server is closing: end once no connection is left
+	dead    bool    // the loop failed: it takes no connection
 
 	// The loop goroutine's alone.
 	buf    []byte
@@ -137,7 +139,7 @@ func newEventLoop(s *Server) (*eventLoop, error) {
 	if err != nil {
 		return nil, fmt.Errorf("epoll_create1: %w", err)
 	}
-	l := &eventLoop{s: s, epfd: epfd, conns: map[int32]*conn{}, buf: make([]byte, loopReadSize), dec: msgpack.NewDecoder(nil)}
+	l := &eventLoop{s: s, epfd: epfd, buf: make([]byte, loopReadSize), dec: msgpack.NewDecoder(nil)}
 	if err := syscall.Pipe2(l.wake[:], syscall.O_NONBLOCK|syscall.O_CLOEXEC); err != nil {
 		syscall.Close(epfd)
 		return nil, fmt.Errorf("pipe2: %w", err)
@@ -168,7 +170,11 @@ func (l *eventLoop) add(c *conn) error {
 	if err := syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_ADD, fd, &ev); err != nil {
 		return err
 	}
-	l.conns[int32(fd)] = c
+	if fd >= len(l.conns) {
+		l.conns = append(l.conns, make([]*conn, fd+1-len(l.conns))...)
+	}
+	l.conns[fd] = c
+	l.nconns++
 	return nil
 }
 
@@ -177,11 +183,12 @@ func (l *eventLoop) remove(c *conn) {
 	fd := c.raw.fd
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if l.conns[int32(fd)] == c {
+	if fd < len(l.conns) && l.conns[fd] == c {
 		syscall.EpollCtl(l.epfd, syscall.EPOLL_CTL_DEL, fd, nil)
-		delete(l.conns, int32(fd))
+		l.conns[fd] = nil
+		l.nconns--
 	}
-	if l.quit && len(l.conns) == 0 {
+	if l.quit && l.nconns == 0 {
 		l.poke()
 	}
 }
@@ -283,10 +290,14 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn) 
 	}
 	*cs = (*cs)[:0]
 	for _, ev := range events {
-		*cs = append(*cs, l.conns[ev.Fd]) // nil for the pipe, or a connection just released
+		var c *conn // nil for the pipe, or a connection just released
+		if int(ev.Fd) < len(l.conns) {
+			c = l.conns[ev.Fd]
+		}
+		*cs = append(*cs, c)
 	}
 	*resumed, l.resumed = l.resumed, (*resumed)[:0]
-	quit := l.quit && len(l.conns) == 0
+	quit := l.quit && l.nconns == 0
 	if quit {
 		l.closeFDs()
 	}
@@ -322,9 +333,11 @@ func (l *eventLoop) dispatch(events []syscall.EpollEvent, cs, resumed *[]*conn) 
 func (l *eventLoop) fail() {
 	l.mu.Lock()
 	l.dead = true
-	cs := make([]*conn, 0, len(l.conns))
+	cs := make([]*conn, 0, l.nconns)
 	for _, c := range l.conns {
-		cs = append(cs, c)
+		if c != nil {
+			cs = append(cs, c)
+		}
 	}
 	l.mu.Unlock()
 	for _, c := range cs {
@@ -564,7 +577,8 @@ func (c *conn) releaseRaw() {
 type rawConn struct {
 	fd            int
 	local, remote net.Addr
-	writable      chan struct{} // a token when epoll says the socket is writable, or hung up
+	writable      chan struct{} // a token when epoll says the socket is writable, or hung up, while waiting
+	waiting       atomic.Bool   // a writer waits for room: epoll's writable events go to writable
 	iov           []syscall.Iovec
 
 	mu     sync.Mutex // guards closed: Close and closeFD
@@ -598,8 +612,13 @@ func newRawConn(tc *net.TCPConn) (*rawConn, error) {
 	return r, nil
 }
 
-// poke records that the socket may be writable.
+// poke records that the socket may be writable, if a writer waits for
+// it. (Epoll reports the socket writable with nearly every read event:
+// passing each on cost a channel send per request.)
 func (r *rawConn) poke() {
+	if !r.waiting.Load() {
+		return
+	}
 	select {
 	case r.writable <- struct{}{}:
 	default:
@@ -659,6 +678,13 @@ func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time
 		}
 		if !block {
 			return off, errWouldBlock
+		}
+		if !r.waiting.Load() {
+			// From now on the loop passes writable events on; the
+			// socket may have become writable before: try again.
+			r.waiting.Store(true)
+			defer r.waiting.Store(false)
+			continue
 		}
 		if deadline.IsZero() {
 			deadline = time.Now().Add(timeout)

@@ -93,21 +93,33 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fKey); err != nil {
 		return err
 	}
+	if db, ok := eng.(*fencekv.DB); ok {
+		// The local store lends the value, to be encoded without a copy.
+		return db.GetFunc(ctx, a.key, e.entry)
+	}
 	en, err := eng.Get(ctx, a.key)
 	if err != nil {
 		return err
 	}
+	e.entry(en)
+	return nil
+}
+
+// entry writes a get's result.
+func (e *encoder) entry(en fencekv.Entry) {
 	e.EncodeMapLen(4)
 	e.bool("found", en.Found)
 	e.EncodeString("value")
-	if en.Found {
-		e.EncodeBytes(en.Value)
-	} else {
+	switch {
+	case !en.Found:
 		e.EncodeNil()
+	case en.Value == nil:
+		e.EncodeBytes([]byte{})
+	default:
+		e.EncodeBytes(en.Value)
 	}
 	e.uint("fence", uint64(en.Fence))
 	e.uint("revision", uint64(en.Revision))
-	return nil
 }
 
 func put(ctx context.Context, eng Engine, a *args, e *encoder) error {
