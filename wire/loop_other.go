@@ -19,6 +19,7 @@ func (s *Server) looped(*conn) bool { return false }
 func (l *eventLoop) resume(*conn)   {}
 func (l *eventLoop) stop(*conn)     {}
 func (l *eventLoop) close()         {}
+func (l *eventLoop) handed()        {}
 func (l *eventLoop) start(context.Context, fencekv.Command, fencekv.WriteOptions, func(fencekv.Result)) {
 }
 func (c *conn) flushRaw([]*encoder, int, bool) {}

@@ -626,6 +626,9 @@ func (c *conn) serveRequest(m message, a *args, idle bool) {
 		c.start(st, m, a) // start.go: no goroutine waits for the commit
 		return
 	}
+	if c.raw != nil {
+		c.s.loop.handed() // loop_linux.go
+	}
 	c.s.goHandle(c, m, a)
 }
 
