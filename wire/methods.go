@@ -3,6 +3,7 @@ package wire
 import (
 	"context"
 	"errors"
+	"fmt"
 	"log/slog"
 	"time"
 
@@ -25,14 +26,14 @@ var readOnly = map[string]bool{"ping": true, "get": true, "scan": true, "lock_in
 var methods = map[string]method{
 	"ping":      ping,
 	"get":       get,
-	"put":       put,
-	"delete":    del,
-	"cas":       cas,
-	"incr":      incr,
+	"put":       waited(startPut), // start.go: the same checks and results
+	"delete":    waited(startDelete),
+	"cas":       waited(startCAS),
+	"incr":      waited(startIncr),
 	"scan":      scan,
 	"acquire":   acquire,
-	"renew":     renew,
-	"release":   release,
+	"renew":     waited(startRenew),
+	"release":   waited(startRelease),
 	"lock_info": lockInfo,
 	"locks":     locks,
 	"status":    status,
@@ -79,6 +80,62 @@ func (e *encoder) written(r fencekv.WriteResult, extra int) {
 	e.uint("revision", uint64(r.Revision))
 }
 
+// waited serves the write st describes (start.go) by calling the engine
+// and waiting for the outcome: a handler's way, where the event loop
+// starts it instead. Both check the arguments and write the result as st
+// says.
+func waited(st starter) method {
+	return func(ctx context.Context, eng Engine, a *args, e *encoder) error {
+		cmd, w, encode, err := st(a)
+		if err != nil {
+			return err
+		}
+		r := exec(ctx, eng, cmd, w)
+		audit(ctx, cmd.Op, a, r)
+		if r.Err != nil {
+			return r.Err
+		}
+		encode(e, a, r)
+		return nil
+	}
+}
+
+// exec applies cmd, a write of a starter, through the engine's method for
+// it, and returns the outcome as the command's Result.
+func exec(ctx context.Context, eng Engine, cmd fencekv.Command, w fencekv.WriteOptions) (r fencekv.Result) {
+	var wr fencekv.WriteResult
+	switch cmd.Op {
+	case fencekv.OpPut:
+		wr, r.Err = eng.Put(ctx, cmd.Key, cmd.Value, w)
+	case fencekv.OpDelete:
+		r.Deleted, wr, r.Err = eng.Delete(ctx, cmd.Key, w)
+	case fencekv.OpCAS:
+		wr, r.Err = eng.CAS(ctx, cmd.Key, cmd.Revision, cmd.Value, w)
+	case fencekv.OpIncr:
+		r.Int, wr, r.Err = eng.Incr(ctx, cmd.Key, cmd.Delta, w)
+	case fencekv.OpRenew:
+		r.TTL, r.Err = eng.Renew(ctx, cmd.Lease.Name, cmd.Token)
+	case fencekv.OpRelease:
+		r.Err = eng.Release(ctx, cmd.Lease.Name, cmd.Token)
+	default:
+		r.Err = fmt.Errorf("wire: no engine method for op %d", cmd.Op)
+	}
+	r.Entry.Fence, r.Entry.Revision = wr.Fence, wr.Revision
+	return r
+}
+
+// audit logs the outcome of a lock method to the lock audit trail.
+func audit(ctx context.Context, op fencekv.Op, a *args, r fencekv.Result) {
+	switch op {
+	case fencekv.OpAcquire:
+		auditAcquire(ctx, a, fencekv.Lease{Name: a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
+	case fencekv.OpRenew:
+		auditRenew(ctx, a, r.Err)
+	case fencekv.OpRelease:
+		auditRelease(ctx, a, r.Err)
+	}
+}
+
 func ping(_ context.Context, _ Engine, _ *args, e *encoder) error {
 	e.EncodeMapLen(1)
 	e.str("version", fencekv.Version)
@@ -120,72 +177,6 @@ func (e *encoder) entry(en fencekv.Entry) {
 	}
 	e.uint("fence", uint64(en.Fence))
 	e.uint("revision", uint64(en.Revision))
-}
-
-func put(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, fKey, fValue); err != nil {
-		return err
-	}
-	w, err := a.write()
-	if err != nil {
-		return err
-	}
-	r, err := eng.Put(ctx, a.key, a.value, w)
-	if err != nil {
-		return err
-	}
-	e.written(r, 0)
-	return nil
-}
-
-func del(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, fKey); err != nil {
-		return err
-	}
-	w, err := a.write()
-	if err != nil {
-		return err
-	}
-	deleted, r, err := eng.Delete(ctx, a.key, w)
-	if err != nil {
-		return err
-	}
-	e.written(r, 1)
-	e.bool("deleted", deleted)
-	return nil
-}
-
-func cas(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, fKey, fRevision, fValue); err != nil {
-		return err
-	}
-	w, err := a.write()
-	if err != nil {
-		return err
-	}
-	r, err := eng.CAS(ctx, a.key, fencekv.Revision(a.revision), a.value, w)
-	if err != nil {
-		return err
-	}
-	e.written(r, 0)
-	return nil
-}
-
-func incr(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, fKey, fDelta); err != nil {
-		return err
-	}
-	w, err := a.write()
-	if err != nil {
-		return err
-	}
-	n, r, err := eng.Incr(ctx, a.key, a.delta, w)
-	if err != nil {
-		return err
-	}
-	e.written(r, 1)
-	e.int("value", n)
-	return nil
 }
 
 func scan(ctx context.Context, eng Engine, a *args, e *encoder) error {
@@ -285,20 +276,6 @@ func auditAcquire(ctx context.Context, a *args, l fencekv.Lease, err error) {
 	}
 }
 
-func renew(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, fLock, fToken); err != nil {
-		return err
-	}
-	ttl, err := eng.Renew(ctx, a.lock, fencekv.Token(a.token))
-	auditRenew(ctx, a, err)
-	if err != nil {
-		return err
-	}
-	e.EncodeMapLen(1)
-	e.int("ttl_ms", toMs(ttl))
-	return nil
-}
-
 // auditRenew logs a refused renew to the lock audit trail.
 func auditRenew(ctx context.Context, a *args, err error) {
 	if err == nil {
@@ -307,19 +284,6 @@ func auditRenew(ctx context.Context, a *args, err error) {
 	if log, lv := auditor(ctx, err); log != nil {
 		log.Log(ctx, lv, "lock renew refused", "lock", a.lock, "token", a.token, "err", err.Error(), "client", fencekv.ClientAddr(ctx))
 	}
-}
-
-func release(ctx context.Context, eng Engine, a *args, e *encoder) error {
-	if err := need(a, fLock, fToken); err != nil {
-		return err
-	}
-	err := eng.Release(ctx, a.lock, fencekv.Token(a.token))
-	auditRelease(ctx, a, err)
-	if err != nil {
-		return err
-	}
-	e.EncodeMapLen(0)
-	return nil
 }
 
 // auditRelease logs a release's outcome to the lock audit trail.

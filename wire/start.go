@@ -134,6 +134,7 @@ type started struct {
 	a      args // a copy: the connection reuses its own
 	e      *encoder
 	ctx    context.Context
+	op     fencekv.Op
 	encode func(*encoder, *args, fencekv.Result)
 }
 
@@ -154,7 +155,7 @@ func (c *conn) start(st starter, m message, a *args) {
 		s.done(s.refuse(err))
 		return
 	}
-	s.ctx, s.encode = ctx, encode
+	s.ctx, s.op, s.encode = ctx, cmd.Op, encode
 	s.e.EncodeNil() // the error slot; the result follows
 	c.s.loop.start(ctx, cmd, w, s.answer)
 }
@@ -171,14 +172,7 @@ func (s *started) answer(r fencekv.Result) {
 		}
 		s.done(code)
 	}()
-	switch s.m.method {
-	case "acquire":
-		auditAcquire(s.ctx, &s.a, fencekv.Lease{Name: s.a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
-	case "renew":
-		auditRenew(s.ctx, &s.a, r.Err)
-	case "release":
-		auditRelease(s.ctx, &s.a, r.Err)
-	}
+	audit(s.ctx, s.op, &s.a, r)
 	if r.Err != nil {
 		code = s.refuse(r.Err)
 		return
