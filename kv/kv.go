@@ -123,7 +123,8 @@ type reader struct {
 	tx                       *bolt.Tx
 	epoch                    uint64
 	meta, keys, tombs, locks *bolt.Bucket
-	lent                     Tx // the Tx View lends its fn
+	keysCur, tombsCur        *bolt.Cursor // for lookups (Tx.record)
+	lent                     Tx           // the Tx View lends its fn
 }
 
 // get returns an idle reader, or nil.
@@ -364,7 +365,7 @@ func (s *Store) beginRead(t *Tx) error {
 		}
 		rd = &reader{tx: btx, epoch: s.rs.epoch}
 	}
-	*t = Tx{tx: rd.tx, meta: rd.meta, keys: rd.keys, tombs: rd.tombs, locks: rd.locks, s: s, rd: rd, view: s.ov.pin()}
+	*t = Tx{tx: rd.tx, meta: rd.meta, keys: rd.keys, tombs: rd.tombs, locks: rd.locks, keysCur: rd.keysCur, tombsCur: rd.tombsCur, s: s, rd: rd, view: s.ov.pin()}
 	return nil
 }
 
@@ -373,6 +374,7 @@ func (s *Store) beginRead(t *Tx) error {
 func (t *Tx) endRead() {
 	rd := t.rd
 	rd.meta, rd.keys, rd.tombs, rd.locks = t.meta, t.keys, t.tombs, t.locks
+	rd.keysCur, rd.tombsCur = t.keysCur, t.tombsCur
 	t.rd, t.tx = nil, nil
 	t.view.unpin()
 	t.view = nil
@@ -487,6 +489,24 @@ func (t *Tx) tombsBucket() *bolt.Bucket {
 	return t.tombs
 }
 
+// record returns key's value in b, as b.Get does. A read-only Tx looks
+// it up with *cur, a cursor on b its reader keeps: Get makes a new cursor,
+// and its stack, for each lookup (two allocations per get of a key read
+// from the file).
+func (t *Tx) record(b *bolt.Bucket, cur **bolt.Cursor, key []byte) []byte {
+	if t.rd == nil {
+		return b.Get(key)
+	}
+	if *cur == nil {
+		*cur = b.Cursor()
+	}
+	k, v := (*cur).Seek(key)
+	if !bytes.Equal(k, key) {
+		return nil
+	}
+	return v
+}
+
 func (t *Tx) locksBucket() *bolt.Bucket {
 	if t.locks == nil {
 		t.locks = t.tx.Bucket(bucketLocks)
@@ -559,6 +579,7 @@ const maxKeptDirty = 1 << 12
 type Tx struct {
 	tx                       *bolt.Tx
 	meta, keys, tombs, locks *bolt.Bucket // nil until first used
+	keysCur, tombsCur        *bolt.Cursor // read-only: nil until first used (record)
 	s                        *Store
 	rd                       *reader // read-only: where tx comes from, and goes back to
 	lending                  bool    // read-only: View's, which ends it itself
@@ -697,8 +718,8 @@ func (t *Tx) get(key []byte, copyValue bool) (e Entry, ok bool) {
 	e = Entry{Key: key}
 	raw, inOv := t.view.key(key)
 	if !inOv {
-		if raw = t.keysBucket().Get(key); raw == nil {
-			if tomb := t.tombsBucket().Get(key); len(tomb) == tombLen {
+		if raw = t.record(t.keysBucket(), &t.keysCur, key); raw == nil {
+			if tomb := t.record(t.tombsBucket(), &t.tombsCur, key); len(tomb) == tombLen {
 				e.Fence = Token(binary.BigEndian.Uint64(tomb[:8]))
 				return e, true
 			}
