@@ -589,10 +589,9 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 }
 
 // serveRequest serves the parsed message m with arguments a, as dispatch
-// says.
-// a's byte arguments may be borrowed from the frame (fastFrame): a request
-// served here is done with them when serve returns, and one that outlives
-// it makes them its own.
+// says. a's byte arguments may be borrowed from the frame (fastFrame): a
+// read served here is done with them when serveRequest returns, and a
+// request that outlives it makes them its own first.
 func (c *conn) serveRequest(m message, a *args, idle bool) {
 	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
