@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"sync"
 	"testing"
 	"time"
@@ -312,6 +313,69 @@ func TestAnswersLargerThanBudget(t *testing.T) {
 			if items, _ := p.res["items"].([]any); len(items) != 4 {
 				t.Fatalf("scan %d: %d items", p.id, len(items))
 			}
+		}
+	}
+}
+
+// TestPipelineSplitWrites sends puts and gets, pipelined and cut into
+// writes of 1 to 40 bytes, so that the server reads messages in pieces and
+// several in one read: on the event loop, a message that arrives whole is
+// parsed in place with its byte arguments borrowed from the read buffer,
+// and one that does not is framed as it comes. A put outlives the read
+// that brought it (rounds with reads hand their writes to a committer,
+// which applies them while the loop reads on), so it must own its bytes
+// before the buffer is read into again: every put must store its own
+// value, and every get must answer its key's value.
+func TestPipelineSplitWrites(t *testing.T) {
+	ts := startServer(t, nil)
+	ctx := context.Background()
+	const n = 300
+	value := func(prefix string, i int) []byte {
+		return []byte(fmt.Sprintf("%s %d %s", prefix, i, bytes.Repeat([]byte{byte('a' + i%26)}, i%300)))
+	}
+	for i := range n {
+		_, err := ts.DB.Put(ctx, b(fmt.Sprintf("pre/%03d", i)), value("pre", i), fencekv.WriteOptions{})
+		ok(t, err)
+	}
+	raw := dialRaw(t, ts.Addr)
+	rng := rand.New(rand.NewPCG(7, 8))
+	var buf []byte
+	for i := range n {
+		var v any = string(value("put", i))
+		if i%2 == 0 {
+			v = value("put", i) // bin
+		}
+		buf = append(buf, marshal(t, []any{0, 2 * i, "put", []any{map[string]any{"key": fmt.Sprintf("s/%03d", i), "value": v}}})...)
+		buf = append(buf, marshal(t, []any{0, 2*i + 1, "get", []any{map[string]any{"key": fmt.Sprintf("pre/%03d", i)}}})...)
+	}
+	go func() {
+		for len(buf) > 0 {
+			k := min(len(buf), 1+rng.IntN(40))
+			if _, err := raw.nc.Write(buf[:k]); err != nil {
+				return // the test failed and closed it
+			}
+			buf = buf[k:]
+		}
+	}()
+	seen := map[uint64]bool{}
+	for range 2 * n {
+		p := raw.reply()
+		if p.err != nil || p.id >= 2*n || seen[p.id] {
+			t.Fatalf("request %d: %v %v (answered before: %v)", p.id, p.err, p.res, seen[p.id])
+		}
+		seen[p.id] = true
+		if p.id%2 == 1 {
+			i := int(p.id / 2)
+			if got, _ := p.res["value"].([]byte); !bytes.Equal(got, value("pre", i)) {
+				t.Fatalf("get pre/%03d answered %q; want %q", i, got, value("pre", i))
+			}
+		}
+	}
+	for i := range n {
+		e, err := ts.DB.Get(ctx, b(fmt.Sprintf("s/%03d", i)))
+		ok(t, err)
+		if !bytes.Equal(e.Value, value("put", i)) {
+			t.Fatalf("s/%03d holds %q; want %q", i, e.Value, value("put", i))
 		}
 	}
 }
