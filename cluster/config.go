@@ -63,7 +63,8 @@ type Config struct {
 	// RaftTLS, if set, makes raft's connections mutual TLS (tls.go): it
 	// must require and verify client certificates (ClientAuth, ClientCAs)
 	// and verify the peers it dials (RootCAs; the server name is the
-	// peer's raft host), with the node's certificate in Certificates.
+	// peer's raft host), with the node's certificate in Certificates (or
+	// given by GetCertificate and GetClientCertificate, to renew it).
 	RaftTLS *tls.Config
 	// GossipKey, if set, encrypts and authenticates gossip with AES-GCM
 	// (memberlist's SecretKey: 16, 24 or 32 bytes, the same on every

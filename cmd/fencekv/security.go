@@ -17,6 +17,7 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"sync/atomic"
 	"syscall"
 
 	"github.com/fencekv/fencekv/auth"
@@ -29,7 +30,7 @@ import (
 func serveSecurityFlags() []cli.Flag {
 	env := func(name string) []string { return []string{"FENCEKV_" + name} }
 	return []cli.Flag{
-		&cli.StringFlag{Name: "tls-cert", EnvVars: env("TLS_CERT"), Usage: "serve TLS with this certificate `FILE` (PEM; in a cluster also raft's, and the node's own when it forwards)"},
+		&cli.StringFlag{Name: "tls-cert", EnvVars: env("TLS_CERT"), Usage: "serve TLS with this certificate `FILE` (PEM; in a cluster also raft's, and the node's own when it forwards; reread with --tls-key on SIGHUP)"},
 		&cli.StringFlag{Name: "tls-key", EnvVars: env("TLS_KEY"), Usage: "the private key `FILE` of --tls-cert (PEM)"},
 		&cli.StringFlag{Name: "tls-client-ca", EnvVars: env("TLS_CLIENT_CA"), Usage: "require client certificates issued by this CA `FILE` (mutual TLS)"},
 		&cli.StringFlag{Name: "tls-peer-ca", EnvVars: env("TLS_PEER_CA"), Usage: "cluster: the CA `FILE` that issues the nodes' certificates (default: --tls-client-ca)"},
@@ -166,10 +167,41 @@ func loadPool(path string) (*x509.CertPool, error) {
 type serverSecurity struct {
 	clientTLS *tls.Config
 	store     *auth.Store
-	cert      *x509.Certificate // the node's own, parsed
+	certs     *certFiles // the node's own certificate, or nil
 	raftTLS   *tls.Config
 	dial      func(ctx context.Context, addr string) (*wire.Client, error)
 	gossipKey []byte
+}
+
+// certFiles is the node's certificate and key, read from their files at
+// start and again on SIGHUP: a renewed certificate is presented on new
+// connections without a restart (those open keep theirs).
+type certFiles struct {
+	certFile, keyFile string
+	cur               atomic.Pointer[tls.Certificate] // its Leaf parsed
+}
+
+// load reads the files; on success the certificate is the one presented
+// from now on, and load returns it, parsed.
+func (c *certFiles) load() (*x509.Certificate, error) {
+	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	if err != nil {
+		return nil, fmt.Errorf("--tls-cert/--tls-key: %w", err)
+	}
+	if cert.Leaf, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
+		return nil, fmt.Errorf("--tls-cert: %w", err)
+	}
+	c.cur.Store(&cert)
+	return cert.Leaf, nil
+}
+
+func (c *certFiles) leaf() *x509.Certificate { return c.cur.Load().Leaf }
+
+// server and client are tls.Config's GetCertificate and
+// GetClientCertificate.
+func (c *certFiles) server(*tls.ClientHelloInfo) (*tls.Certificate, error) { return c.cur.Load(), nil }
+func (c *certFiles) client(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+	return c.cur.Load(), nil
 }
 
 // serverSecurityOf reads serve's security flags. cluster says --node is
@@ -202,14 +234,12 @@ func serverSecurityOf(c *cli.Context, clustered bool) (*serverSecurity, error) {
 		s.gossipKey = key
 	}
 	if certFile != "" {
-		cert, err := tls.LoadX509KeyPair(certFile, keyFile)
-		if err != nil {
-			return nil, usageError{fmt.Errorf("--tls-cert/--tls-key: %w", err)}
+		s.certs = &certFiles{certFile: certFile, keyFile: keyFile}
+		if _, err := s.certs.load(); err != nil {
+			return nil, usageError{err}
 		}
-		if s.cert, err = x509.ParseCertificate(cert.Certificate[0]); err != nil {
-			return nil, usageError{fmt.Errorf("--tls-cert: %w", err)}
-		}
-		s.clientTLS = &tls.Config{Certificates: []tls.Certificate{cert}, MinVersion: tls.VersionTLS12}
+		s.clientTLS = &tls.Config{GetCertificate: s.certs.server, MinVersion: tls.VersionTLS12}
+		var err error
 		var clientPool, peerPool *x509.CertPool
 		if f := c.String("tls-client-ca"); f != "" {
 			if clientPool, err = loadPool(f); err != nil {
@@ -230,9 +260,9 @@ func serverSecurityOf(c *cli.Context, clustered bool) (*serverSecurity, error) {
 			if s.gossipKey == nil {
 				return nil, usagef("a cluster node with --tls-cert needs --gossip-key: without it anyone who reaches the gossip port can join, and the leader would add it to raft")
 			}
-			s.raftTLS = &tls.Config{Certificates: []tls.Certificate{cert}, ClientAuth: tls.RequireAndVerifyClientCert,
+			s.raftTLS = &tls.Config{GetCertificate: s.certs.server, GetClientCertificate: s.certs.client, ClientAuth: tls.RequireAndVerifyClientCert,
 				ClientCAs: peerPool, RootCAs: peerPool, MinVersion: tls.VersionTLS12}
-			fwd := &wire.DialOptions{TLS: &tls.Config{Certificates: []tls.Certificate{cert}, RootCAs: peerPool, MinVersion: tls.VersionTLS12}}
+			fwd := &wire.DialOptions{TLS: &tls.Config{GetClientCertificate: s.certs.client, RootCAs: peerPool, MinVersion: tls.VersionTLS12}}
 			s.dial = func(ctx context.Context, addr string) (*wire.Client, error) { return wire.DialWith(ctx, addr, fwd) }
 		}
 		// The client port: mutual TLS with --tls-client-ca (the other
@@ -273,10 +303,10 @@ func serverSecurityOf(c *cli.Context, clustered bool) (*serverSecurity, error) {
 // the node's certificate. That principal must therefore be able to do
 // everything.
 func (s *serverSecurity) checkNodePrincipal(f *auth.File) error {
-	if s.cert == nil {
+	if s.certs == nil {
 		return errors.New("a cluster node with --auth-file needs --tls-cert and --tls-key: nodes forward requests to the leader authenticated by their certificates")
 	}
-	cn := s.cert.Subject.CommonName
+	cn := s.certs.leaf().Subject.CommonName
 	p := f.Lookup(cn)
 	if p == nil || !p.Admin() || !p.CanRead(nil) || !p.CanWrite(nil) || !p.CanLock("") {
 		return fmt.Errorf("the auth file must give this node's certificate (common name %q) every right, as the leader checks the requests it forwards: add the line\n  %s - read: write: lock: admin", cn, cn)
@@ -294,7 +324,8 @@ func (s *serverSecurity) configure(wc *wire.Config, log *slog.Logger) {
 		if certs == "" {
 			certs = "none"
 		}
-		attrs = append(attrs, "client_certificates", certs, "certificate", s.cert.Subject.CommonName, "expires", s.cert.NotAfter.Format("2006-01-02"))
+		leaf := s.certs.leaf()
+		attrs = append(attrs, "client_certificates", certs, "certificate", leaf.Subject.CommonName, "expires", leaf.NotAfter.Format("2006-01-02"))
 	}
 	if s.store != nil {
 		wc.Auth = wireAuth{s.store}
@@ -317,14 +348,16 @@ func (s *serverSecurity) configureCluster(cc *cluster.Config) {
 	cc.RaftTLS, cc.Dial, cc.GossipKey = s.raftTLS, s.dial, s.gossipKey
 }
 
-// reloadOnHangup rereads the auth file on each SIGHUP until stop is
-// called. A file that does not parse is logged and the one in force
-// stays.
+// reloadOnHangup rereads the TLS certificate and key and the auth file on
+// each SIGHUP until stop is called. A file that does not load is logged
+// and what is in force stays.
 func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop func()) {
-	if s.store == nil {
+	if s.store == nil && s.certs == nil {
 		return func() {}
 	}
-	warnLoose(log, s.store.Path())
+	if s.store != nil {
+		warnLoose(log, s.store.Path())
+	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
 	done := make(chan struct{})
@@ -334,6 +367,16 @@ func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop 
 			case <-done:
 				return
 			case <-hup:
+			}
+			if s.certs != nil {
+				if leaf, err := s.certs.load(); err != nil {
+					log.Error("TLS certificate not reloaded; the previous one stays in force", "err", err)
+				} else {
+					log.Info("TLS certificate reloaded", "certificate", leaf.Subject.CommonName, "expires", leaf.NotAfter.Format("2006-01-02"))
+				}
+			}
+			if s.store == nil {
+				continue
 			}
 			f, err := s.store.Reload()
 			if err != nil {

@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"errors"
 	"os"
 	"path/filepath"
@@ -253,4 +255,77 @@ func TestServeSecurityUsage(t *testing.T) {
 		r := (&shell{t: t}).fails(exitUsage, append([]string{"serve", "--data", filepath.Join(dir, "d"), "--listen", "127.0.0.1:0"}, c.args...)...)
 		wantContains(t, strings.Join(c.args, " "), r.stderr, c.want)
 	}
+}
+
+// TestTLSCertReloadOnSIGHUP: SIGHUP rereads --tls-cert and --tls-key. New
+// connections get the renewed certificate, an open one keeps working, and
+// a pair that does not load leaves the one in force.
+func TestTLSCertReloadOnSIGHUP(t *testing.T) {
+	t.Parallel()
+	dir := t.TempDir()
+	ca := fencekvtest.NewCA(t, "test CA")
+	caPath := ca.WriteFile(t, dir, "ca.crt")
+	first, renewed := ca.Issue(t, "first", nil), ca.Issue(t, "renewed", nil)
+	certPath, keyPath := first.WriteFiles(t, dir, "server")
+	s := startServer(t, t.TempDir(), "--tls-cert", certPath, "--tls-key", keyPath)
+
+	pool := x509.NewCertPool()
+	pem, err := os.ReadFile(caPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pool.AppendCertsFromPEM(pem)
+	// presented returns the common name of the certificate a new
+	// connection gets.
+	presented := func() string {
+		t.Helper()
+		c, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: pool, ServerName: "127.0.0.1"})
+		if err != nil {
+			t.Fatalf("TLS dial: %v", err)
+		}
+		defer c.Close()
+		return c.ConnectionState().PeerCertificates[0].Subject.CommonName
+	}
+	if cn := presented(); cn != "first" {
+		t.Fatalf("the server presents %q; want first", cn)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	open, err := wire.DialWith(ctx, s.addr, &wire.DialOptions{TLS: &tls.Config{RootCAs: pool}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer open.Close()
+	if _, err := open.Put(ctx, []byte("k"), []byte("v"), fencekv.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+
+	// The renewed certificate with the old key: does not load, the old
+	// pair stays.
+	if err := os.WriteFile(certPath, renewed.CertPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.signal(t, syscall.SIGHUP)
+	waitFor(t, 10*time.Second, "the failed reload's log line", func() bool {
+		return strings.Contains(s.log.String(), "TLS certificate not reloaded")
+	})
+	if cn := presented(); cn != "first" {
+		t.Fatalf("after a failed reload the server presents %q; want first", cn)
+	}
+
+	// Its key too: new connections get it; the open one goes on.
+	if err := os.WriteFile(keyPath, renewed.KeyPEM, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	s.signal(t, syscall.SIGHUP)
+	waitFor(t, 10*time.Second, "the reload's log line", func() bool {
+		return strings.Contains(s.log.String(), `msg="TLS certificate reloaded" certificate=renewed`)
+	})
+	if cn := presented(); cn != "renewed" {
+		t.Fatalf("after the reload the server presents %q; want renewed", cn)
+	}
+	if e, err := open.Get(ctx, []byte("k")); err != nil || string(e.Value) != "v" {
+		t.Fatalf("the connection opened before the reload: %v, %v", e, err)
+	}
+	s.stop(t)
 }
