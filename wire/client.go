@@ -444,51 +444,17 @@ func eachField(dec *msgpack.Decoder, fn func(dec *msgpack.Decoder, key string) e
 	return nil
 }
 
-// resultKey returns name as a string without allocating it, if it is one
-// of the keys of the result maps the server sends (a switch the compiler
-// turns into a few comparisons of constants). A key missing here only
-// costs an allocation.
-func resultKey(name []byte) (string, bool) {
-	switch string(name) {
-	case "found":
-		return "found", true
-	case "key":
-		return "key", true
-	case "value":
-		return "value", true
-	case "fence":
-		return "fence", true
-	case "revision":
-		return "revision", true
-	case "token":
-		return "token", true
-	case "ttl_ms":
-		return "ttl_ms", true
-	case "deleted":
-		return "deleted", true
-	case "more":
-		return "more", true
-	case "items":
-		return "items", true
-	case "locks":
-		return "locks", true
-	case "lock":
-		return "lock", true
-	case "holder":
-		return "holder", true
-	case "held":
-		return "held", true
-	case "waiters":
-		return "waiters", true
-	case "lock_delay_ms":
-		return "lock_delay_ms", true
-	case "code":
-		return "code", true
-	case "message":
-		return "message", true
+// resultKeys are the keys of the result maps the server sends, so that
+// decoding one does not allocate its keys. A key missing here only costs
+// an allocation.
+var resultKeys = func() map[string]string {
+	m := map[string]string{}
+	for _, k := range []string{"found", "key", "value", "fence", "revision", "token", "ttl_ms", "deleted",
+		"more", "items", "locks", "lock", "holder", "held", "waiters", "lock_delay_ms", "code", "message"} {
+		m[k] = k
 	}
-	return "", false
-}
+	return m
+}()
 
 // decodeKey decodes a map key as DecodeString does. A key the server is
 // known to send is read in place from the buffered reader and not
@@ -510,7 +476,7 @@ func decodeKey(dec *msgpack.Decoder) (string, error) {
 	if err != nil {
 		return dec.DecodeString()
 	}
-	k, ok := resultKey(b[1:])
+	k, ok := resultKeys[string(b[1:])]
 	if !ok {
 		return dec.DecodeString()
 	}

@@ -225,6 +225,17 @@ const (
 	fSecret // auth
 )
 
+// The params by type: what the parsers (decodeArgs, fastMap) read each
+// as, and which of args' accessors (fastparse.go) holds it. compare and
+// ops are lists, which only decodeArgs reads.
+const (
+	bytesFields  = fKey | fValue | fPrefix | fStart | fSecret
+	stringFields = fLock | fHolder | fConsistency | fName
+	uintFields   = fToken | fRevision | fOffset | fSince | fStartRev | fWatchID
+	intFields    = fDelta | fLimit | fTTL | fWait | fLockDelay
+	boolFields   = fLocks | fStrict
+)
+
 // fields maps the protocol's param names to their bits.
 var fields = map[string]field{
 	"key": fKey, "value": fValue, "prefix": fPrefix, "start": fStart, "lock": fLock, "holder": fHolder,
@@ -304,63 +315,25 @@ func decodeArgs(dec *msgpack.Decoder, raw []byte, a *args) error {
 			dec.Skip()
 			continue
 		}
-		f := fields[string(name)]
+		f := fieldOf(name)
 		a.has |= f
-		switch f {
-		case fKey:
-			a.key, err = own.bytes(dec, r, raw)
-		case fValue:
-			a.value, err = own.bytes(dec, r, raw)
-		case fPrefix:
-			a.prefix, err = own.bytes(dec, r, raw)
-		case fStart:
-			a.start, err = own.bytes(dec, r, raw)
-		case fLock:
-			a.lock, err = decodeString(dec, r, raw)
-		case fHolder:
-			a.holder, err = decodeString(dec, r, raw)
-		case fToken:
-			a.token, err = decodeUint(dec)
-		case fRevision:
-			a.revision, err = decodeUint(dec)
-		case fOffset:
-			a.offset, err = decodeUint(dec)
-		case fDelta:
-			a.delta, err = decodeInt(dec)
-		case fLimit:
-			a.limit, err = decodeInt(dec)
-		case fTTL:
-			a.ttlMs, err = decodeInt(dec)
-		case fWait:
-			a.waitMs, err = decodeInt(dec)
-		case fLockDelay:
-			a.delayMs, err = decodeInt(dec)
-		case fSince:
-			a.since, err = decodeUint(dec)
-		case fLocks:
-			a.locks, err = dec.DecodeBool()
-			if err != nil {
+		switch {
+		case f&bytesFields != 0:
+			*a.bytesOf(f), err = own.bytes(dec, r, raw)
+		case f&stringFields != 0:
+			*a.stringOf(f), err = decodeString(dec, r, raw)
+		case f&uintFields != 0:
+			*a.uintOf(f), err = decodeUint(dec)
+		case f&intFields != 0:
+			*a.intOf(f), err = decodeInt(dec)
+		case f&boolFields != 0:
+			if *a.boolOf(f), err = dec.DecodeBool(); err != nil {
 				err = errors.New("want a boolean")
 			}
-		case fStartRev:
-			a.startRev, err = decodeUint(dec)
-		case fWatchID:
-			a.watchID, err = decodeUint(dec)
-		case fCompare:
+		case f == fCompare:
 			a.compares, err = decodeCompares(dec)
-		case fOps:
+		case f == fOps:
 			a.ops, err = decodeOps(dec)
-		case fConsistency:
-			a.consistency, err = decodeString(dec, r, raw)
-		case fName:
-			a.name, err = decodeString(dec, r, raw)
-		case fSecret:
-			a.secret, err = own.bytes(dec, r, raw)
-		case fStrict:
-			a.strict, err = dec.DecodeBool()
-			if err != nil {
-				err = errors.New("want a boolean")
-			}
 		default:
 			err = dec.Skip()
 		}
@@ -404,15 +377,10 @@ func (ar *arena) bytes(dec *msgpack.Decoder, r *bytes.Reader, b []byte) ([]byte,
 	// param: the first one sizes the arena for them all.
 	left := r.Len()
 	v, err := rawString(dec, r, b)
-	if err != nil || len(v) == 0 {
+	if err != nil {
 		return []byte{}, err
 	}
-	if cap(*ar)-len(*ar) < len(v) {
-		*ar = make([]byte, 0, left)
-	}
-	n := len(*ar)
-	*ar = append(*ar, v...)
-	return (*ar)[n : n+len(v) : n+len(v)], nil
+	return ar.take(v, left), nil
 }
 
 func decodeBytes(dec *msgpack.Decoder) ([]byte, error) {

@@ -218,8 +218,8 @@ func fastMap(raw []byte, a *args, borrow bool) (int, bool) {
 		}
 		f := fieldOf(raw[ks:ke])
 		a.has |= f
-		switch f {
-		case fKey, fValue, fPrefix, fStart, fSecret:
+		switch {
+		case f&bytesFields != 0:
 			vs, ve, ok := mpStr(raw, i)
 			if !ok {
 				return 0, false
@@ -230,34 +230,34 @@ func fastMap(raw []byte, a *args, borrow bool) (int, bool) {
 				*a.bytesOf(f) = own.take(raw[vs:ve], len(raw)-i)
 			}
 			i = ve
-		case fLock, fHolder, fConsistency, fName:
+		case f&stringFields != 0:
 			vs, ve, ok := mpStr(raw, i)
 			if !ok {
 				return 0, false
 			}
 			*a.stringOf(f) = string(raw[vs:ve])
 			i = ve
-		case fToken, fRevision, fOffset, fSince, fStartRev, fWatchID:
+		case f&uintFields != 0:
 			v, next, ok := fastUint(raw, i)
 			if !ok {
 				return 0, false
 			}
 			*a.uintOf(f) = v
 			i = next
-		case fDelta, fLimit, fTTL, fWait, fLockDelay:
+		case f&intFields != 0:
 			v, next, ok := fastInt(raw, i)
 			if !ok {
 				return 0, false
 			}
 			*a.intOf(f) = v
 			i = next
-		case fLocks, fStrict:
+		case f&boolFields != 0:
 			if raw[i] != msgpcode.True && raw[i] != msgpcode.False {
 				return 0, false
 			}
 			*a.boolOf(f) = raw[i] == msgpcode.True
 			i++
-		case 0:
+		case f == 0:
 			// An unknown name: skip a scalar, a str or a bin.
 			if _, ve, ok := mpStr(raw, i); ok {
 				i = ve
@@ -275,8 +275,9 @@ func fastMap(raw []byte, a *args, borrow bool) (int, bool) {
 	return i, true
 }
 
-// take copies v into the arena, as arena.bytes does: the first byte
-// param sizes it for what is left of the params (left bytes).
+// take copies v into the arena; when it has no room, it makes one for
+// left bytes (what is left of the params: the first byte param sizes it
+// for them all).
 func (ar *arena) take(v []byte, left int) []byte {
 	if len(v) == 0 {
 		return []byte{}
@@ -296,16 +297,15 @@ func (a *args) own() {
 		return
 	}
 	a.borrowed = false
-	fs := [...]*[]byte{&a.key, &a.value, &a.prefix, &a.start, &a.secret}
 	left := 0
-	for _, f := range fs {
-		left += len(*f)
+	for m := bytesFields; m != 0; m &= m - 1 { // each field, m & -m
+		left += len(*a.bytesOf(m & -m))
 	}
 	var ar arena
-	for _, f := range fs {
-		if *f != nil {
-			*f = ar.take(*f, left)
-			left -= len(*f)
+	for m := bytesFields; m != 0; m &= m - 1 {
+		if p := a.bytesOf(m & -m); *p != nil {
+			*p = ar.take(*p, left)
+			left -= len(*p)
 		}
 	}
 }
@@ -366,7 +366,8 @@ func fieldOf(name []byte) field {
 	return 0
 }
 
-// The fields of args, by the field that names them, for the fast parse.
+// The fields of args, by the field that names them (each accessor takes
+// the fields of one type: codec.go's bytesFields, stringFields...).
 
 func (a *args) bytesOf(f field) *[]byte {
 	switch f {

@@ -271,3 +271,46 @@ func TestMethodSlots(t *testing.T) {
 		}
 	}
 }
+
+// TestFieldGroups: every param is of exactly one type (or one of the two
+// lists), and each accessor gives each field of its type a place of its
+// own in args.
+func TestFieldGroups(t *testing.T) {
+	groups := []field{bytesFields, stringFields, uintFields, intFields, boolFields, fCompare, fOps}
+	for name, f := range fields {
+		in := 0
+		for _, g := range groups {
+			if f&g != 0 {
+				in++
+			}
+		}
+		if in != 1 {
+			t.Errorf("param %q is in %d of the type groups; want 1", name, in)
+		}
+	}
+	var a args
+	seen := map[any]field{}
+	place := func(f field) any {
+		switch {
+		case f&bytesFields != 0:
+			return a.bytesOf(f)
+		case f&stringFields != 0:
+			return a.stringOf(f)
+		case f&uintFields != 0:
+			return a.uintOf(f)
+		case f&intFields != 0:
+			return a.intOf(f)
+		case f&boolFields != 0:
+			return a.boolOf(f)
+		}
+		return nil
+	}
+	for _, f := range fields {
+		if p := place(f); p != nil {
+			if g, dup := seen[p]; dup {
+				t.Errorf("params %v and %v share a field of args", g, f)
+			}
+			seen[p] = f
+		}
+	}
+}

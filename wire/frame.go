@@ -308,11 +308,7 @@ func (f *frameReader) length(w int) (int, error) {
 	if err := f.keep(b[:w]); err != nil {
 		return 0, err
 	}
-	n := 0
-	for _, x := range b[:w] {
-		n = n<<8 | int(x)
-	}
-	return n, nil
+	return beInt(b[:w]), nil
 }
 
 // body reads n bytes of a str, bin or ext, refusing before it reads past

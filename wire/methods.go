@@ -152,6 +152,9 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	}
 	if db, ok := eng.(*fencekv.DB); ok {
 		// The local store lends the value, to be encoded without a copy.
+		// Not through Engine: a callback passed through an interface
+		// escapes, an allocation per get (a cluster node's Get copies
+		// anyway, or comes from the leader).
 		return db.GetFunc(ctx, a.key, e.entry)
 	}
 	en, err := eng.Get(ctx, a.key)
