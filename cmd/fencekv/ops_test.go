@@ -80,7 +80,6 @@ func TestMetricsOverHTTP(t *testing.T) {
 	c.ok("put", "inventory/sku-1", "41", "--token", fmt.Sprint(token))
 	c.fails(exitFenced, "put", "inventory/sku-1", "40", "--token", "0")
 
-	after := scrape(t, httpAddr)
 	want := map[string]float64{
 		stale: 1,
 		`fencekv_requests_total{code="stale_token",method="put"}`: 1,
@@ -91,6 +90,20 @@ func TestMetricsOverHTTP(t *testing.T) {
 		`fencekv_leases_granted_total`:                         1,
 		`fencekv_cluster_role{role="single"}`:                  1,
 		`fencekv_request_duration_seconds_count{method="put"}`: 2,
+	}
+	// A request is counted just after its answer is sent: the CLI may
+	// have its answer, and exited, a moment before.
+	counted := func(m map[string]float64) bool {
+		for k, v := range want {
+			if m[k] != v {
+				return false
+			}
+		}
+		return true
+	}
+	after := scrape(t, httpAddr)
+	for deadline := time.Now().Add(10 * time.Second); !counted(after) && time.Now().Before(deadline); after = scrape(t, httpAddr) {
+		time.Sleep(10 * time.Millisecond) // a poll, with a deadline
 	}
 	for k, v := range want {
 		if after[k] != v {
