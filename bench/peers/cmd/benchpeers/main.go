@@ -193,14 +193,24 @@ type runResult struct {
 	// ServerCPU is the server process's CPU time (user and system, all its
 	// threads) over the measured window; 0 if it was not measured.
 	ServerCPU time.Duration `json:"server_cpu_ns,omitempty"`
+	// ClientCPU is this process's CPU time over the measured window: the
+	// load generator driving the system through its client library; 0 if
+	// it was not measured.
+	ClientCPU time.Duration `json:"client_cpu_ns,omitempty"`
 }
 
 // cpuPerOp is the server's CPU time per measured op, or 0 if unknown.
-func (rr runResult) cpuPerOp() time.Duration {
-	if rr.ServerCPU <= 0 || rr.Result.Ops <= 0 {
+func (rr runResult) cpuPerOp() time.Duration { return perOp(rr.ServerCPU, rr) }
+
+// clientCPUPerOp is the load generator's CPU time per measured op, or 0 if
+// unknown.
+func (rr runResult) clientCPUPerOp() time.Duration { return perOp(rr.ClientCPU, rr) }
+
+func perOp(cpu time.Duration, rr runResult) time.Duration {
+	if cpu <= 0 || rr.Result.Ops <= 0 {
 		return 0
 	}
-	return rr.ServerCPU / time.Duration(rr.Result.Ops)
+	return cpu / time.Duration(rr.Result.Ops)
 }
 
 // measure takes the baselines, then runs every workload at every client
@@ -261,17 +271,23 @@ func measure(ctx context.Context, o options, log io.Writer) (*report, error) {
 					n++
 					cfg := rep.Config
 					cfg.Workload, cfg.Clients, cfg.Duration, cfg.Warmup = wl, c, o.duration, o.warmup
-					var serverCPU time.Duration
-					if s.pid > 0 {
-						cfg.OnMeasure = func() func() {
-							a, err := processCPU(s.pid)
-							if err != nil {
-								fmt.Fprintf(log, "(server CPU of %s not measured: %v)\n", s.Name, err)
-								return nil
+					var serverCPU, clientCPU time.Duration
+					cfg.OnMeasure = func() func() {
+						ca, cerr := processCPU(os.Getpid())
+						var sa time.Duration
+						serr := errNoPID
+						if s.pid > 0 {
+							if sa, serr = processCPU(s.pid); serr != nil {
+								fmt.Fprintf(log, "(server CPU of %s not measured: %v)\n", s.Name, serr)
 							}
-							return func() {
+						}
+						return func() {
+							if b, err := processCPU(os.Getpid()); err == nil && cerr == nil {
+								clientCPU = b - ca
+							}
+							if serr == nil {
 								if b, err := processCPU(s.pid); err == nil {
-									serverCPU = b - a
+									serverCPU = b - sa
 								}
 							}
 						}
@@ -281,7 +297,7 @@ func measure(ctx context.Context, o options, log io.Writer) (*report, error) {
 						count, _ = bench.CountCommits(ctx, o.fencekv)
 					}
 					res, err := bench.Run(ctx, s.dial, cfg)
-					rr := runResult{Round: round, System: s.Name, Result: res, ServerCPU: serverCPU}
+					rr := runResult{Round: round, System: s.Name, Result: res, ServerCPU: serverCPU, ClientCPU: clientCPU}
 					if err != nil {
 						rr.Error = err.Error()
 					}
@@ -331,6 +347,9 @@ type cpuSample struct{ busy, total uint64 }
 
 // processCPU is the CPU time (user plus system, every thread) process pid
 // has used, from /proc/PID/stat.
+// errNoPID: the server's PID was not given, so its CPU is not measured.
+var errNoPID = errors.New("no PID given")
+
 func processCPU(pid int) (time.Duration, error) {
 	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
 	if err != nil {
@@ -522,10 +541,16 @@ func (r *report) ratiosOf(peer string, wl bench.Workload, clients int, metric fu
 // medianCPU is the median of a system's server CPU per op over the rounds,
 // or 0 if it was not measured.
 func (r *report) medianCPU(system string, wl bench.Workload, clients int) time.Duration {
+	return r.medianOf(system, wl, clients, runResult.cpuPerOp)
+}
+
+// medianOf is the median of f (a CPU time per op, 0 if not measured) over
+// a system's successful runs of the cell, or 0 if none measured it.
+func (r *report) medianOf(system string, wl bench.Workload, clients int, f func(runResult) time.Duration) time.Duration {
 	var xs []float64
 	for _, rr := range r.Runs {
-		if rr.System == system && rr.Result.Workload == wl && rr.Result.Clients == clients && succeeded(rr) && rr.cpuPerOp() > 0 {
-			xs = append(xs, float64(rr.cpuPerOp()))
+		if rr.System == system && rr.Result.Workload == wl && rr.Result.Clients == clients && succeeded(rr) && f(rr) > 0 {
+			xs = append(xs, float64(f(rr)))
 		}
 	}
 	if len(xs) == 0 {
@@ -537,12 +562,52 @@ func (r *report) medianCPU(system string, wl bench.Workload, clients int) time.D
 
 // measuredCPU reports whether any run has the server's CPU time.
 func (r *report) measuredCPU() bool {
-	for _, rr := range r.Runs {
-		if rr.ServerCPU > 0 {
-			return true
+	return slices.ContainsFunc(r.Runs, func(rr runResult) bool { return rr.ServerCPU > 0 })
+}
+
+// measuredClientCPU reports whether any run has the load generator's CPU
+// time (reports from before it was measured have none).
+func (r *report) measuredClientCPU() bool {
+	return slices.ContainsFunc(r.Runs, func(rr runResult) bool { return rr.ClientCPU > 0 })
+}
+
+// clientCPUTable writes, for every system, the load generator's CPU time
+// per request (its client library's cost, and the kernel's on its side of
+// the sockets), and that plus the server's: what the two cores spend per
+// request.
+func (r *report) clientCPUTable(p func(string, ...any), clients []int) {
+	p("| workload | clients |")
+	align := "| --- | ---: |"
+	for _, s := range r.Systems {
+		p(" %s load gen. |", s.Name)
+		align += " ---: |"
+	}
+	for _, s := range r.Systems {
+		p(" %s total |", s.Name)
+		align += " ---: |"
+	}
+	p("\n%s\n", align)
+	for _, wl := range bench.Workloads {
+		for _, c := range clients {
+			if !r.ran(wl, c) {
+				continue
+			}
+			p("| %s | %d |", wl, c)
+			for _, s := range r.Systems {
+				p(" %s |", us(r.medianOf(s.Name, wl, c, runResult.clientCPUPerOp)))
+			}
+			for _, s := range r.Systems {
+				p(" %s |", us(r.medianOf(s.Name, wl, c, func(rr runResult) time.Duration {
+					if rr.cpuPerOp() == 0 || rr.clientCPUPerOp() == 0 {
+						return 0
+					}
+					return rr.cpuPerOp() + rr.clientCPUPerOp()
+				})))
+			}
+			p("\n")
 		}
 	}
-	return false
+	p("\n")
 }
 
 // cpuTable writes the server CPU time per request of every system, and
@@ -669,6 +734,11 @@ func (r *report) markdown(w io.Writer) error {
 		p("## Server CPU per request\n\n")
 		p("CPU time (user + system, all threads) of each server process over the measured window, divided by the ops measured in it: µs per op, median over the rounds. The load generator shares the machine's two cores with the servers, so this, more than ops/s, is what a server costs. The last columns are fencekv's CPU per op over the peer's (below 1× is cheaper), median of the per-round ratios.\n\n")
 		r.cpuTable(p, []int{1, 16, 64, 2, 4, 8, 32, 128, 256}, r.peers())
+	}
+	if r.measuredClientCPU() {
+		p("## Load generator CPU per request\n\n")
+		p("CPU time (user + system) of the load generator (this tool, driving one system at a time through that system's client library: fencekv's wire.Client, go-redis, clientv3) over the same window, divided by the ops measured: µs per op, median over the rounds. It includes the kernel's work for the client's side of each socket: a loopback write runs the receiving side's TCP stack too. Total is server plus load generator, median of the per-round sums. Both share the machine's two cores, so when the cores are busy, throughput is bounded by the total, not by the server's share alone.\n\n")
+		r.clientCPUTable(p, []int{1, 16, 64, 2, 4, 8, 32, 128, 256})
 	}
 
 	if r.has("fencekv") {
