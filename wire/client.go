@@ -491,7 +491,7 @@ func decodeTo(dec *msgpack.Decoder, v *uint64) (err error) {
 
 // params writes a request's params map; each wrapper knows how many fields
 // it writes.
-type params struct{ *msgpack.Encoder }
+type params struct{ *encoder }
 
 func (p params) bin(k string, v []byte) {
 	p.EncodeString(k)

@@ -372,3 +372,52 @@ func TestClientLateGrantReleasedByAnotherReader(t *testing.T) {
 	}
 	closeAndCheck(t, c)
 }
+
+// TestClientUnencodableParams: a call whose params cannot be encoded is
+// refused before anything of it is sent, with the encoder's error, while
+// calls of other goroutines are queued on the same connection around it:
+// theirs still leave whole and get their own answers, and the connection
+// is not broken.
+func TestClientUnencodableParams(t *testing.T) {
+	ts := startServer(t, nil)
+	c := dial(t, ts.Addr)
+	ctx := context.Background()
+	const workers, each = 6, 150
+	var wg sync.WaitGroup
+	errs := make(chan error, workers+1)
+	for w := range workers {
+		wg.Go(func() {
+			for i := range each {
+				key := []byte(fmt.Sprintf("enc/%d/%d", w, i%10))
+				val := []byte(fmt.Sprintf("v%d-%d", w, i))
+				if _, err := c.Put(ctx, key, val, fencekv.WriteOptions{}); err != nil {
+					errs <- fmt.Errorf("put %s: %w", key, err)
+					return
+				}
+				e, err := c.Get(ctx, key)
+				if err != nil || string(e.Value) != string(val) {
+					errs <- fmt.Errorf("get %s = %q, %v; want %q", key, e.Value, err, val)
+					return
+				}
+			}
+		})
+	}
+	wg.Go(func() {
+		for range each {
+			err := c.Call(ctx, "put", map[string]any{"key": "k", "value": make(chan int)}, nil)
+			var ce *wire.ConnError
+			if err == nil || errors.As(err, &ce) || errors.Is(err, fencekv.ErrBadRequest) {
+				errs <- fmt.Errorf("unencodable call: %v, want the encoder's error", err)
+				return
+			}
+		}
+	})
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	if e, err := c.Get(ctx, []byte("k")); err != nil || e.Found {
+		t.Fatalf("get k after the refused puts = %+v, %v; want not found", e, err)
+	}
+}

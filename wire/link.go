@@ -2,6 +2,7 @@ package wire
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"errors"
 	"fmt"
@@ -35,9 +36,8 @@ type link struct {
 	used atomic.Int64 // monotonic nanoseconds (see now) when a call last began here
 
 	writers atomic.Int32 // callers waiting for or holding wmu
-	wmu     sync.Mutex   // guards bw, enc, next (the write side)
-	bw      *bufio.Writer
-	enc     *msgpack.Encoder
+	wmu     sync.Mutex   // guards enc, next (the write side)
+	enc     *encoder     // requests encoded and not yet written (see start)
 	next    uint32
 
 	mu      sync.Mutex // guards pending, err, reading, reader
@@ -91,11 +91,10 @@ func newLink(cl *Client, nc, raw net.Conn, addr string) *link {
 		nc:      nc,
 		raw:     raw,
 		addr:    addr,
-		bw:      bufio.NewWriter(nc),
+		enc:     newEncoder(),
 		br:      bufio.NewReaderSize(nc, 64<<10),
 		pending: make(map[uint32]*call),
 	}
-	cn.enc = msgpack.NewEncoder(cn.bw)
 	cn.dec = msgpack.NewDecoder(cn.br)
 	cn.used.Store(now())
 	return cn
@@ -479,12 +478,14 @@ var errNotSent = errors.New("wire: connection failed before the call was sent")
 
 // start sends [0, id, method, [params]] (params written by write; nil
 // write sends an empty params array) and registers p for the response.
+// A request write cannot encode is not sent: start returns write's error
+// and the connection carries on.
 func (cn *link) start(method string, write func(params) error, p *call) (uint32, error) {
 	cn.writers.Add(1)
 	cn.wmu.Lock()
 	defer cn.wmu.Unlock()
-	// The last of the callers queued here flushes for all of them, so
-	// concurrent calls leave in one write.
+	// The last of the callers queued here writes the requests of all of
+	// them, so concurrent calls leave in one write.
 	last := cn.writers.Add(-1) == 0
 	cn.next++
 	id := cn.next
@@ -500,28 +501,49 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	cn.pending[id] = p
 	cn.mu.Unlock()
 	e := cn.enc
+	mark := e.buf.Len()
 	e.EncodeArrayLen(4)
 	e.EncodeUint(typeRequest)
 	e.EncodeUint(uint64(id))
 	e.EncodeString(method)
 	var err error
 	if write == nil {
-		err = e.EncodeArrayLen(0)
+		e.EncodeArrayLen(0)
 	} else {
 		e.EncodeArrayLen(1)
 		err = write(params{e})
 	}
-	if err == nil && last {
-		err = cn.bw.Flush()
+	if err != nil {
+		// Nothing of it has left: take it back.
+		e.buf.Truncate(mark)
+		cn.mu.Lock()
+		delete(cn.pending, id)
+		cn.mu.Unlock()
+	}
+	if last && e.buf.Len() > 0 {
+		_, werr := cn.nc.Write(e.buf.Bytes())
+		e.buf.Reset()
+		if e.buf.Cap() > maxKeptRequests {
+			e.buf = bytes.Buffer{} // after a large value, do not keep its room
+		}
+		if werr != nil {
+			// Part of the requests may have left.
+			cn.fail(werr)
+			cn.nc.Close()
+			if err == nil {
+				return 0, cn.failure(p)
+			}
+		}
 	}
 	if err != nil {
-		// Part of the request (or of others before it) may have left.
-		cn.fail(err)
-		cn.nc.Close()
-		return 0, cn.failure(p)
+		return 0, err
 	}
 	return id, nil
 }
+
+// maxKeptRequests is the most room a link keeps for encoding requests
+// between writes.
+const maxKeptRequests = 64 << 10
 
 // wait waits for p's outcome, reading the connection itself when no other
 // caller is (see link). If ctx ends first, wait returns ctx's error and
