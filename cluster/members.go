@@ -133,7 +133,7 @@ func (n *Node) startGossip() error {
 	if err != nil {
 		return fmt.Errorf("cluster: gossip port %q: %w", port, err)
 	}
-	hasState, err := raft.HasExistingState(n.store, n.store, nopSnapshots{})
+	hasState, err := raft.HasExistingState(n.logs, n.store, nopSnapshots{})
 	if err != nil {
 		return err
 	}

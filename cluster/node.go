@@ -26,7 +26,8 @@ import (
 // Files of a node's data dir, beside the engine's data file.
 const (
 	nameFile      = "node"      // the node's name, fixed at its first start
-	raftFile      = "raft.db"   // raft's log and its term and vote (raft-boltdb)
+	raftFile      = "raft.db"   // raft's term and vote (raft-boltdb); its log, before raftLogDir
+	raftLogDir    = "raft-log"  // raft's log (logstore.go)
 	snapshotsDir  = "snapshots" // raft's snapshots of the data file
 	keepSnapshots = 2
 	logCacheSize  = 1024 // raft entries kept in memory (raft.LogCache)
@@ -48,7 +49,8 @@ type Node struct {
 	fsm   *fsm
 	raft  *raft.Raft
 	trans *raft.NetworkTransport
-	store *raftboltdb.BoltStore
+	store *raftboltdb.BoltStore // raft's stable store
+	logs  *logStore             // raft's log
 	ml    *memberlist.Memberlist
 	mdel  *members
 
@@ -131,7 +133,7 @@ func Open(cfg Config) (n *Node, err error) {
 	if err := n.startRaft(); err != nil {
 		return nil, err
 	}
-	closers = append(closers, closerFunc(func() error { return n.raft.Shutdown().Error() }), n.trans, n.store)
+	closers = append(closers, closerFunc(func() error { return n.raft.Shutdown().Error() }), n.trans, n.logs, n.store)
 	if err := n.checkSeed(); err != nil {
 		return nil, err
 	}
@@ -228,18 +230,31 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft transport: %w", err)
 	}
+	logDir := filepath.Join(n.cfg.Dir, raftLogDir)
+	if err := moveLog(n.store, logDir, n.cfg.Engine.NoSync, n.log); err != nil {
+		n.trans.Close()
+		n.store.Close()
+		return err
+	}
+	if n.logs, err = openLogStore(logDir, n.cfg.Engine.NoSync); err != nil {
+		n.trans.Close()
+		n.store.Close()
+		return err
+	}
 	// Keep the newest entries in memory: the leader reads each entry it
 	// sends to followers and the FSM each entry it applies, and would
-	// otherwise read them back from bbolt.
-	logs, err := raft.NewLogCache(logCacheSize, n.store)
+	// otherwise read them back from the files.
+	logs, err := raft.NewLogCache(logCacheSize, n.logs)
 	if err != nil {
 		n.trans.Close()
+		n.logs.Close()
 		n.store.Close()
 		return fmt.Errorf("cluster: raft log cache: %w", err)
 	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
 	if err != nil {
 		n.trans.Close()
+		n.logs.Close()
 		n.store.Close()
 		return fmt.Errorf("cluster: raft: %w", err)
 	}
@@ -298,7 +313,7 @@ func (n *Node) Close() error {
 		if n.m.Failed() == nil {
 			errs = append(errs, n.m.Checkpoint())
 		}
-		errs = append(errs, n.trans.Close(), n.store.Close(), n.m.Close())
+		errs = append(errs, n.trans.Close(), n.logs.Close(), n.store.Close(), n.m.Close())
 		n.closeErr = errors.Join(errs...)
 	})
 	return n.closeErr

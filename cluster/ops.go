@@ -136,7 +136,7 @@ func (n *Node) checkSeed() error {
 	if _, err := os.Stat(marker); err != nil {
 		return nil
 	}
-	hasState, err := raft.HasExistingState(n.store, n.store, nopSnapshots{})
+	hasState, err := raft.HasExistingState(n.logs, n.store, nopSnapshots{})
 	if err != nil {
 		return err
 	}

@@ -358,3 +358,33 @@ func (l *Log) Reset() {
 
 // Close closes the file. It does not sync.
 func (l *Log) Close() error { return l.f.Close() }
+
+// ReadAt reads back the record at off whose payload is n bytes long (as
+// Open returned it, or as Append wrote it at the Size before), checking its
+// length and checksum: a record damaged since is an error that matches
+// ErrCorrupt. It may run while another goroutine appends.
+func (l *Log) ReadAt(off int64, n int) (lsn uint64, payload []byte, err error) {
+	b := make([]byte, header+n)
+	if _, err := l.f.ReadAt(b, off); err != nil {
+		return 0, nil, fmt.Errorf("wal: read %s at %d: %w", l.f.Name(), off, err)
+	}
+	lsn, got, ok := record(b, 0)
+	if !ok || got != n {
+		return 0, nil, fmt.Errorf("wal: %s: the record at offset %d is damaged: %w", l.f.Name(), off, ErrCorrupt)
+	}
+	return lsn, b[header:], nil
+}
+
+// Truncate cuts the log at off, which must be where a record starts (or
+// Size), and syncs the cut: the records from off on are gone, and the next
+// Append goes at off.
+func (l *Log) Truncate(off int64) error {
+	if err := l.f.Truncate(off); err != nil {
+		return fmt.Errorf("wal: truncate: %w", err)
+	}
+	if err := fdatasync(l.f); err != nil {
+		return fmt.Errorf("wal: truncate: %w", err)
+	}
+	l.off = off
+	return nil
+}
