@@ -99,27 +99,14 @@ func openLogStore(dir string, noSync bool) (*logStore, error) {
 		}
 		seg := &segment{first: first, path: path, log: l}
 		newest := i == len(names)-1
-		if tail.Torn && !newest {
+		if err := checkSegment(path, first, recs, tail, newest, s.last); err != nil {
 			l.Close()
 			s.Close()
-			return nil, fmt.Errorf("cluster: raft log: %s ends in a damaged record (%s), and newer segments follow: "+
-				"this is not a torn last write; restore the node's data dir, or remove it and let the node rejoin empty: %w",
-				path, tail.Reason, wal.ErrCorrupt)
+			return nil, err
 		}
 		if len(recs) == 0 {
-			if !newest {
-				l.Close()
-				s.Close()
-				return nil, fmt.Errorf("cluster: raft log: segment %s is empty and newer segments follow: %w", path, wal.ErrCorrupt)
-			}
-			s.segs = append(s.segs, seg) // where the next entries go
+			s.segs = append(s.segs, seg) // the newest, empty: where the next entries go
 			continue
-		}
-		if s.last != 0 && first != s.last+1 {
-			l.Close()
-			s.Close()
-			return nil, fmt.Errorf("cluster: raft log: segment %s starts at entry %d, but the one before ends at %d: %w",
-				path, first, s.last, wal.ErrCorrupt)
 		}
 		if s.first == 0 {
 			s.first = first
@@ -133,6 +120,78 @@ func openLogStore(dir string, noSync bool) (*logStore, error) {
 		s.segs = append(s.segs, seg)
 	}
 	return s, nil
+}
+
+// checkSegment checks what wal read from the segment at path, which starts
+// at entry first, against the segments before it, which end at entry last
+// (0 if none holds any): only the newest segment may end in a torn record
+// or be empty, and each continues the one before.
+func checkSegment(path string, first uint64, recs []wal.Record, tail wal.Tail, newest bool, last uint64) error {
+	switch {
+	case tail.Torn && !newest:
+		return fmt.Errorf("cluster: raft log: %s ends in a damaged record (%s), and newer segments follow: "+
+			"this is not a torn last write; restore the node's data dir from a backup: %w",
+			path, tail.Reason, wal.ErrCorrupt)
+	case len(recs) == 0 && !newest:
+		return fmt.Errorf("cluster: raft log: segment %s is empty and newer segments follow: %w", path, wal.ErrCorrupt)
+	case len(recs) > 0 && last != 0 && first != last+1:
+		return fmt.Errorf("cluster: raft log: segment %s starts at entry %d, but the one before ends at %d: %w",
+			path, first, last, wal.ErrCorrupt)
+	}
+	return nil
+}
+
+// LogReport is what CheckLog found in a cluster node's raft log.
+type LogReport struct {
+	Dir      string `json:"dir"`
+	OK       bool   `json:"ok"`
+	Segments int    `json:"segments"`
+	Entries  uint64 `json:"entries"`
+	First    uint64 `json:"first,omitempty"`
+	Last     uint64 `json:"last,omitempty"`
+	Torn     bool   `json:"torn"` // the newest segment ends in a torn record, which the next start drops
+	Error    string `json:"error,omitempty"`
+}
+
+// CheckLog reads the raft log of the cluster node whose data dir is
+// dataDir, changing nothing (fencekv check): every segment's records and
+// checksums, and that the segments follow one another. It returns nil if
+// the dir has no raft log (a single node's, or a node's from before the
+// log left raft.db).
+func CheckLog(dataDir string) *LogReport {
+	dir := filepath.Join(dataDir, raftLogDir)
+	if _, err := os.Stat(dir); err != nil {
+		return nil
+	}
+	r := &LogReport{Dir: dir}
+	names, err := segmentFiles(dir)
+	if err != nil {
+		r.Error = err.Error()
+		return r
+	}
+	r.Segments = len(names)
+	for i, name := range names {
+		first, _ := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64)
+		path := filepath.Join(dir, name)
+		recs, tail, err := wal.Read(path, first-1)
+		if err == nil {
+			err = checkSegment(path, first, recs, tail, i == len(names)-1, r.Last)
+		}
+		if err != nil {
+			r.Error = err.Error()
+			return r
+		}
+		if len(recs) > 0 {
+			if r.First == 0 {
+				r.First = first
+			}
+			r.Last = recs[len(recs)-1].LSN
+			r.Entries += uint64(len(recs))
+		}
+		r.Torn = tail.Torn
+	}
+	r.OK = true
+	return r
 }
 
 // walHeader is the size of a wal record's header (length, checksum,

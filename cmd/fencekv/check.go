@@ -5,6 +5,7 @@ import (
 	"io"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/cluster"
 	"github.com/urfave/cli/v2"
 )
 
@@ -21,7 +22,9 @@ Reads the data dir of a stopped server and changes nothing:
     checkpoint, and how the log ends: cleanly; with a torn last record (a write
     cut short by a crash, never acknowledged, which the next start drops); or
     corrupt (a damaged or missing record with records after it: acknowledged
-    writes are lost, and the server refuses to start).
+    writes are lost, and the server refuses to start);
+  - on a cluster node, raft's log (raft-log/): every entry's checksum, and that
+    its segments follow one another, with the same three ways to end.
 
 It refuses while a server has the dir open (stop it first). Exit status: 0 sound
 (a torn last record included), 7 damaged, 1 the dir could not be checked.
@@ -42,12 +45,20 @@ Examples:
 			if err != nil {
 				return err
 			}
+			raftLog := cluster.CheckLog(c.String("data")) // nil but on a cluster node
+			if raftLog != nil && !raftLog.OK {
+				rep.OK = false
+			}
 			if c.Bool("json") {
-				if err := show(c, "", rep); err != nil {
+				out := struct {
+					*fencekv.CheckReport
+					RaftLog *cluster.LogReport `json:"raft_log,omitempty"`
+				}{rep, raftLog}
+				if err := show(c, "", out); err != nil {
 					return err
 				}
 			} else {
-				writeCheckReport(c.App.Writer, rep)
+				writeCheckReport(c.App.Writer, rep, raftLog)
 			}
 			if !rep.OK {
 				return statusError(exitViolation)
@@ -57,8 +68,9 @@ Examples:
 	}
 }
 
-// write prints the report for people.
-func writeCheckReport(w io.Writer, r *fencekv.CheckReport) {
+// writeCheckReport prints the report for people; raftLog is nil but for a
+// cluster node's data dir.
+func writeCheckReport(w io.Writer, r *fencekv.CheckReport, raftLog *cluster.LogReport) {
 	fmt.Fprintf(w, "fencekv check %s\n", r.Dir)
 	d := r.Data
 	if d.OK {
@@ -85,6 +97,21 @@ func writeCheckReport(w io.Writer, r *fencekv.CheckReport) {
 			end = fmt.Sprintf("torn last record at offset %d (%s): a write cut short by a crash, never acknowledged; the next start drops it", l.End, l.EndWhat)
 		}
 		fmt.Fprintf(w, "write-ahead log %s: ok: %s; %s\n", l.Path, recs, end)
+	}
+	switch rl := raftLog; {
+	case rl == nil:
+	case !rl.OK:
+		fmt.Fprintf(w, "raft log %s: CORRUPT: %s\n", rl.Dir, rl.Error)
+	default:
+		entries := "no entries"
+		if rl.Entries > 0 {
+			entries = fmt.Sprintf("%d entries (%d to %d)", rl.Entries, rl.First, rl.Last)
+		}
+		end := "a clean end"
+		if rl.Torn {
+			end = "a torn last entry: a write cut short by a crash, never acknowledged; the next start drops it"
+		}
+		fmt.Fprintf(w, "raft log %s: ok: %d segments, %s; %s\n", rl.Dir, rl.Segments, entries, end)
 	}
 	if r.OK {
 		fmt.Fprintln(w, "OK")

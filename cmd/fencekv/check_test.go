@@ -46,21 +46,25 @@ func newDataDir(t *testing.T, n int) string {
 	return dir
 }
 
-// snapshot is the names, sizes and contents of a dir's files.
+// snapshot is the names, sizes and contents of a dir's files, its
+// subdirectories' included.
 func snapshot(t *testing.T, dir string) string {
 	t.Helper()
-	entries, err := os.ReadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
 	var b strings.Builder
-	for _, e := range entries {
-		data, err := os.ReadFile(filepath.Join(dir, e.Name()))
+	err := filepath.WalkDir(dir, func(path string, e os.DirEntry, err error) error {
+		if err != nil || e.IsDir() {
+			return err
+		}
+		data, err := os.ReadFile(path)
 		if err != nil {
-			t.Fatal(err)
+			return err
 		}
 		info, _ := e.Info()
-		fmt.Fprintf(&b, "%s %d %x %v\n", e.Name(), len(data), sha256.Sum256(data), info.ModTime())
+		fmt.Fprintf(&b, "%s %d %x %v\n", path, len(data), sha256.Sum256(data), info.ModTime())
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 	return b.String()
 }
@@ -150,6 +154,52 @@ func TestCheckLog(t *testing.T) {
 // TestCheckDamagedDataFile: garbage over the second half of the data file
 // is found (exit 7), and the log, which starts where the data file says,
 // is not checked.
+// TestCheckRaftLog: on a cluster node's data dir, check also reads raft's
+// log (raft-log/): sound, with a torn last entry (still sound), and with a
+// damaged entry that newer ones follow (exit 7).
+func TestCheckRaftLog(t *testing.T) {
+	dir := newDataDir(t, 5)
+	logDir := filepath.Join(dir, "raft-log")
+	if err := os.Mkdir(logDir, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	older := filepath.Join(logDir, "00000000000000000001.seg")
+	newer := filepath.Join(logDir, "00000000000000000004.seg")
+	appendRecords(t, older, 0, "entry one", "entry two", "entry three")
+	appendRecords(t, newer, 3, "entry four", "entry five")
+	out, j := checkDirCode(t, dir, 0)
+	wantContains(t, "report", out, "raft log "+logDir+": ok: 2 segments, 5 entries (1 to 5); a clean end")
+	wantContains(t, "report", out, "OK\n")
+	if rl, _ := j["raft_log"].(map[string]any); rl["ok"] != true || rl["last"] != 5.0 {
+		t.Fatalf("JSON raft_log = %v", j["raft_log"])
+	}
+
+	info, err := os.Stat(newer)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.Truncate(newer, info.Size()-3); err != nil {
+		t.Fatal(err)
+	}
+	out, _ = checkDirCode(t, dir, 0)
+	wantContains(t, "report", out, "4 entries (1 to 4); a torn last entry")
+
+	f, err := os.OpenFile(older, os.O_RDWR, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := f.WriteAt([]byte("X"), 16+2); err != nil { // the first entry's payload
+		t.Fatal(err)
+	}
+	f.Close()
+	out, j = checkDirCode(t, dir, exitViolation)
+	wantContains(t, "report", out, "raft log "+logDir+": CORRUPT")
+	wantContains(t, "report", out, "DAMAGED")
+	if j["ok"] != false {
+		t.Fatalf("JSON ok = %v, want false", j["ok"])
+	}
+}
+
 func TestCheckDamagedDataFile(t *testing.T) {
 	dir := newDataDir(t, 1000)
 	path := filepath.Join(dir, fencekv.DataFile)
