@@ -449,7 +449,7 @@ func measureClusters(ctx context.Context, o clusterOptions, log io.Writer) (*clu
 		}
 		clusters = append(clusters, c)
 		rep.Systems = append(rep.Systems, system{Name: "fencekv", Version: fencekv.Version,
-			Setup: "3 nodes (`fencekv serve --node`), defaults: raft with a bbolt log store, fsync per raft batch", dial: c.dial})
+			Setup: "3 nodes (`fencekv serve --node`), defaults: raft with its log on fencekv's write-ahead log, one fdatasync per raft batch", dial: c.dial})
 	}
 	if o.etcdBin != "" {
 		dir, err := os.MkdirTemp(o.dir, "etcd-cluster-")

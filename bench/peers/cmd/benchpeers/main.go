@@ -576,51 +576,58 @@ func (r *report) measuredClientCPU() bool {
 // the sockets), and that plus the server's: what the two cores spend per
 // request.
 func (r *report) clientCPUTable(p func(string, ...any), clients []int) {
-	p("| workload | clients |")
-	align := "| --- | ---: |"
+	var heads []string
 	for _, s := range r.Systems {
-		p(" %s load gen. |", s.Name)
-		align += " ---: |"
+		heads = append(heads, s.Name+" load gen.")
 	}
 	for _, s := range r.Systems {
-		p(" %s total |", s.Name)
-		align += " ---: |"
+		heads = append(heads, s.Name+" total")
 	}
-	p("\n%s\n", align)
-	for _, wl := range bench.Workloads {
-		for _, c := range clients {
-			if !r.ran(wl, c) {
-				continue
-			}
-			p("| %s | %d |", wl, c)
-			for _, s := range r.Systems {
-				p(" %s |", us(r.medianOf(s.Name, wl, c, runResult.clientCPUPerOp)))
-			}
-			for _, s := range r.Systems {
-				p(" %s |", us(r.medianOf(s.Name, wl, c, func(rr runResult) time.Duration {
-					if rr.cpuPerOp() == 0 || rr.clientCPUPerOp() == 0 {
-						return 0
-					}
-					return rr.cpuPerOp() + rr.clientCPUPerOp()
-				})))
-			}
-			p("\n")
+	total := func(rr runResult) time.Duration {
+		if rr.cpuPerOp() == 0 || rr.clientCPUPerOp() == 0 {
+			return 0
 		}
+		return rr.cpuPerOp() + rr.clientCPUPerOp()
 	}
-	p("\n")
+	r.table(p, clients, heads, func(wl bench.Workload, c int) (cells []string) {
+		for _, s := range r.Systems {
+			cells = append(cells, us(r.medianOf(s.Name, wl, c, runResult.clientCPUPerOp)))
+		}
+		for _, s := range r.Systems {
+			cells = append(cells, us(r.medianOf(s.Name, wl, c, total)))
+		}
+		return cells
+	})
 }
 
 // cpuTable writes the server CPU time per request of every system, and
 // fencekv's over each peer's.
 func (r *report) cpuTable(p func(string, ...any), clients []int, peers []string) {
-	p("| workload | clients |")
-	align := "| --- | ---: |"
+	var heads []string
 	for _, s := range r.Systems {
-		p(" %s |", s.Name)
-		align += " ---: |"
+		heads = append(heads, s.Name)
 	}
 	for _, peer := range peers {
-		p(" fencekv/%s |", peer)
+		heads = append(heads, "fencekv/"+peer)
+	}
+	r.table(p, clients, heads, func(wl bench.Workload, c int) (cells []string) {
+		for _, s := range r.Systems {
+			cells = append(cells, us(r.medianCPU(s.Name, wl, c)))
+		}
+		for _, peer := range peers {
+			cells = append(cells, rangeText(r.cpuRatios(peer, wl, c)))
+		}
+		return cells
+	})
+}
+
+// table writes a table with a row per workload and client count that ran:
+// the columns named by heads, filled by row.
+func (r *report) table(p func(string, ...any), clients []int, heads []string, row func(wl bench.Workload, clients int) []string) {
+	p("| workload | clients |")
+	align := "| --- | ---: |"
+	for _, h := range heads {
+		p(" %s |", h)
 		align += " ---: |"
 	}
 	p("\n%s\n", align)
@@ -630,11 +637,8 @@ func (r *report) cpuTable(p func(string, ...any), clients []int, peers []string)
 				continue
 			}
 			p("| %s | %d |", wl, c)
-			for _, s := range r.Systems {
-				p(" %s |", us(r.medianCPU(s.Name, wl, c)))
-			}
-			for _, peer := range peers {
-				p(" %s |", rangeText(r.cpuRatios(peer, wl, c)))
+			for _, cell := range row(wl, c) {
+				p(" %s |", cell)
 			}
 			p("\n")
 		}
