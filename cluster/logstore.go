@@ -548,13 +548,26 @@ func moveLog(old raft.LogStore, dir string, noSync bool, log *slog.Logger) error
 		// Moved already; the old copy was not yet deleted.
 		return old.DeleteRange(first, last)
 	}
+	// raft-boltdb's log may have a gap: raft restored a snapshot (a
+	// cluster seeded from a backup) and left the entries before it. Only
+	// the run after the last gap is the log; the snapshot covers the rest.
+	from := last
+	for from > first {
+		var l raft.Log
+		if err := old.GetLog(from-1, &l); errors.Is(err, raft.ErrLogNotFound) {
+			break
+		} else if err != nil {
+			return fmt.Errorf("cluster: moving raft's log out of %s: entry %d: %w", raftFile, from-1, err)
+		}
+		from--
+	}
 	s, err := openLogStore(tmp, noSync)
 	if err != nil {
 		return err
 	}
 	const batch = 256
 	logs := make([]*raft.Log, 0, batch)
-	for i := first; i <= last; i++ {
+	for i := from; i <= last; i++ {
 		l := new(raft.Log)
 		if err := old.GetLog(i, l); err != nil {
 			s.Close()
@@ -583,6 +596,6 @@ func moveLog(old raft.LogStore, dir string, noSync bool, log *slog.Logger) error
 	if err := old.DeleteRange(first, last); err != nil {
 		return fmt.Errorf("cluster: raft log: deleting the moved entries from %s: %w", raftFile, err)
 	}
-	log.Info("moved raft's log out of "+raftFile, "entries", last-first+1, "dir", dir)
+	log.Info("moved raft's log out of "+raftFile, "entries", last-from+1, "dir", dir)
 	return nil
 }

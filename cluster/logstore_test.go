@@ -400,11 +400,7 @@ func TestLogStoreConcurrentReads(t *testing.T) {
 // the term and vote; a move cut short is redone.
 func TestMoveLog(t *testing.T) {
 	dir := t.TempDir()
-	bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, raftFile), NoSync: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer bolt.Close()
+	bolt := oldStore(t, dir)
 	rng := rand.New(rand.NewPCG(5, 6))
 	var want []*raft.Log
 	for i := uint64(40); i < 640; i++ {
@@ -455,4 +451,52 @@ func TestMoveLog(t *testing.T) {
 		t.Fatalf("raft.db still holds entries up to %d", last)
 	}
 	m.check(t, s, "after the second start")
+}
+
+// oldStore opens raft.db in dir as nodes kept it before raft-log: raft's
+// log, term and vote in raft-boltdb.
+func oldStore(t *testing.T, dir string) *raftboltdb.BoltStore {
+	t.Helper()
+	bolt, err := raftboltdb.New(raftboltdb.Options{Path: filepath.Join(dir, raftFile), NoSync: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { bolt.Close() })
+	return bolt
+}
+
+// TestMoveLogAfterGap: raft-boltdb's log has a gap where raft restored a
+// snapshot (entries before it were left behind); only the run after the
+// gap is moved.
+func TestMoveLogAfterGap(t *testing.T) {
+	dir := t.TempDir()
+	bolt := oldStore(t, dir)
+	rng := rand.New(rand.NewPCG(8, 9))
+	var before, after []*raft.Log
+	for i := uint64(1); i <= 4; i++ {
+		before = append(before, testEntry(rng, i, 1))
+	}
+	for i := uint64(6); i <= 30; i++ { // 5 is the restored snapshot's index
+		after = append(after, testEntry(rng, i, 2))
+	}
+	if err := bolt.StoreLogs(append(before, after...)); err != nil {
+		t.Fatal(err)
+	}
+	logDir := filepath.Join(dir, raftLogDir)
+	if err := moveLog(bolt, logDir, true, slog.New(slog.DiscardHandler)); err != nil {
+		t.Fatal(err)
+	}
+	s, err := openLogStore(logDir, true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	m := &logModel{first: 6, last: 30, newest: map[uint64]*raft.Log{}}
+	for _, l := range after {
+		m.newest[l.Index] = l
+	}
+	m.check(t, s, "moved")
+	if last, _ := bolt.LastIndex(); last != 0 {
+		t.Fatalf("raft.db still holds entries up to %d", last)
+	}
 }
