@@ -47,7 +47,8 @@ type logStore struct {
 	first  uint64       // 0 when empty
 	last   uint64
 	locs   []entryLoc // locs[i] is where entry first+i is
-	failed error      // a failed sync: the state of the files is unknown
+	failed error      // a failed write or sync: the state of the files is unknown
+	closed bool
 	buf    []byte
 }
 
@@ -264,9 +265,9 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 	s.wmu.Lock()
 	defer s.wmu.Unlock()
 	s.mu.Lock()
-	if s.failed != nil {
+	if err := s.usable(); err != nil {
 		s.mu.Unlock()
-		return s.failed
+		return err
 	}
 	next := s.last + 1
 	if s.first == 0 {
@@ -310,15 +311,28 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 	return nil
 }
 
+// Failed is why the log takes no more entries (a write or sync failed, and
+// the state of its files is unknown until a restart reads them), or nil.
+func (s *logStore) Failed() error {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.failed
+}
+
+// usable is why the log takes no change, or nil. Called with mu held.
+func (s *logStore) usable() error {
+	if s.closed {
+		return errors.New("cluster: raft log closed")
+	}
+	return s.failed
+}
+
 // fail stops the store after a failed write or sync: what the files hold
 // is then unknown, so nothing more is written (a restart reads them back).
 func (s *logStore) fail(err error) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failed == nil {
-		s.failed = fmt.Errorf("cluster: raft log failed; restart the node: %w", err)
-	}
-	return s.failed
+	return s.failLocked(err)
 }
 
 // segmentFor returns the segment entry next goes in: the newest, unless
@@ -363,8 +377,8 @@ func (s *logStore) DeleteRange(lo, hi uint64) error {
 	defer s.wmu.Unlock()
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.failed != nil {
-		return s.failed
+	if err := s.usable(); err != nil {
+		return err
 	}
 	if s.first == 0 || lo > s.last || hi < s.first || lo > hi {
 		return nil
@@ -457,10 +471,7 @@ func (s *logStore) Close() error {
 	for _, seg := range s.segs {
 		errs = append(errs, seg.log.Close())
 	}
-	s.segs = nil
-	if s.failed == nil {
-		s.failed = errors.New("cluster: raft log closed")
-	}
+	s.segs, s.closed = nil, true
 	return errors.Join(errs...)
 }
 

@@ -8,6 +8,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -323,6 +324,44 @@ func TestLogStoreCrash(t *testing.T) {
 			t.Fatalf("get of a record damaged since open: %v, want ErrCorrupt", err)
 		}
 	})
+}
+
+// TestLogStoreWriteFails: once a write fails, the log takes nothing more
+// (Failed says why, and the node reports itself not ready); what was
+// synced before is there after a restart.
+func TestLogStoreWriteFails(t *testing.T) {
+	dir := t.TempDir()
+	s, err := openLogStore(dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := uint64(1); i <= 3; i++ {
+		if err := s.StoreLogs([]*raft.Log{{Index: i, Term: 1, Data: []byte("ok")}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	s.segs[0].log.Close() // the next write fails, as on a failing disk
+	if err := s.StoreLogs([]*raft.Log{{Index: 4, Term: 1}}); err == nil {
+		t.Fatal("a write to a closed file succeeded")
+	}
+	if s.Failed() == nil {
+		t.Fatal("Failed is nil after a failed write")
+	}
+	if err := s.StoreLogs([]*raft.Log{{Index: 4, Term: 1}}); err == nil || !strings.Contains(err.Error(), "restart the node") {
+		t.Fatalf("a write after the failure: %v, want the failure", err)
+	}
+	if err := s.DeleteRange(3, 3); err == nil {
+		t.Fatal("a deletion after the failure succeeded")
+	}
+	s.Close()
+	s, err = openLogStore(dir, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	if last, _ := s.LastIndex(); last != 3 || s.Failed() != nil {
+		t.Fatalf("after a restart: last %d, failed %v; want 3, nil", last, s.Failed())
+	}
 }
 
 func flip(t *testing.T, path string, off int64) {

@@ -15,12 +15,15 @@ import (
 // What operations read from a node: readiness, raft's view for metrics,
 // online backups, and seeding a new cluster from a restored backup.
 
-// Ready reports whether the node serves: nil when its state machine works,
-// a leader is known, and it has applied everything it knew committed when
+// Ready reports whether the node serves: nil when its state machine and
+// raft's log work, a leader is known, and it has applied everything it knew committed when
 // asked (it waits for that within ctx); else why not.
 func (n *Node) Ready(ctx context.Context) error {
 	if err := n.m.Failed(); err != nil {
 		return fmt.Errorf("the state machine failed and applies nothing until restart: %v", err)
+	}
+	if err := n.logs.Failed(); err != nil {
+		return fmt.Errorf("raft's log failed: this node takes no entries until restart: %v", err)
 	}
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return fmt.Errorf("no leader known (this node is %s in term %d)", role(n.raft.State()), n.raft.CurrentTerm())
