@@ -13,6 +13,7 @@ import (
 	"path/filepath"
 
 	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/wal"
 )
 
 // A backup file (what `fencekv backup` writes and `fencekv restore`
@@ -254,7 +255,7 @@ func Restore(file, dir string, gap uint64) (RestoreResult, error) {
 		"restored from a backup at index %d; tokens moved from %d to %d\n", info.Index, info.LastToken, last)), 0o600); err != nil {
 		return fail(fmt.Errorf("restore: %w", err))
 	}
-	if err := syncDir(dir); err != nil {
+	if err := wal.SyncDir(dir); err != nil {
 		return fail(fmt.Errorf("restore: %w", err))
 	}
 	return res, nil
@@ -299,13 +300,4 @@ func emptyDir(dir string) error {
 		return fmt.Errorf("restore: data dir %s is not empty: restore only into a new or empty dir", dir)
 	}
 	return nil
-}
-
-func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return err
-	}
-	defer d.Close()
-	return d.Sync()
 }

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"cmp"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -45,17 +46,15 @@ type logStore struct {
 	mu     sync.RWMutex // guards what follows; readers hold it while they read a record
 	segs   []*segment   // by first index
 	first  uint64       // 0 when empty
-	last   uint64
-	locs   []entryLoc // locs[i] is where entry first+i is
-	failed error      // a failed write or sync: the state of the files is unknown
+	locs   []entryLoc   // locs[i] is where entry first+i is
+	failed error        // a failed write or sync: the state of the files is unknown
 	closed bool
 	buf    []byte
 }
 
 type segment struct {
-	first uint64
-	path  string
-	log   *wal.Log
+	segmentFile
+	log *wal.Log
 }
 
 type entryLoc struct {
@@ -63,6 +62,11 @@ type entryLoc struct {
 	off int64
 	n   int // payload length
 }
+
+// syncSegment makes a segment's appended records durable; raft counts an
+// entry stored (and a follower acknowledges it) once StoreLogs returns, so
+// the sync comes first (a test watches it).
+var syncSegment = (*wal.Log).Sync
 
 // segmentSize is the size past which StoreLogs starts a new segment (tests
 // make it small).
@@ -85,49 +89,39 @@ func openLogStore(dir string, noSync bool) (*logStore, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: raft log: %w", err)
 	}
-	names, err := segmentFiles(dir)
+	files, err := segmentFiles(dir)
 	if err != nil {
 		return nil, err
 	}
 	s := &logStore{dir: dir, noSync: noSync}
-	for i, name := range names {
-		first, _ := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64)
-		path := filepath.Join(dir, name)
-		l, recs, tail, err := wal.Open(path, first-1)
+	for i, f := range files {
+		l, recs, tail, err := wal.Open(f.path, f.first-1)
 		if err != nil {
 			s.Close()
 			return nil, fmt.Errorf("cluster: raft log: %w", err)
 		}
-		seg := &segment{first: first, path: path, log: l}
-		newest := i == len(names)-1
-		if err := checkSegment(path, first, recs, tail, newest, s.last); err != nil {
-			l.Close()
+		seg := &segment{segmentFile: f, log: l}
+		s.segs = append(s.segs, seg)
+		if err := checkSegment(f, recs, tail, i == len(files)-1, s.last()); err != nil {
 			s.Close()
 			return nil, err
 		}
-		if len(recs) == 0 {
-			s.segs = append(s.segs, seg) // the newest, empty: where the next entries go
-			continue
+		if len(recs) > 0 && s.first == 0 {
+			s.first = f.first
 		}
-		if s.first == 0 {
-			s.first = first
-		}
-		var off int64
 		for _, r := range recs {
-			s.locs = append(s.locs, entryLoc{seg: seg, off: off, n: len(r.Payload)})
-			off += int64(walHeader + len(r.Payload))
+			s.locs = append(s.locs, entryLoc{seg: seg, off: r.Offset, n: len(r.Payload)})
 		}
-		s.last = recs[len(recs)-1].LSN
-		s.segs = append(s.segs, seg)
 	}
 	return s, nil
 }
 
-// checkSegment checks what wal read from the segment at path, which starts
-// at entry first, against the segments before it, which end at entry last
-// (0 if none holds any): only the newest segment may end in a torn record
-// or be empty, and each continues the one before.
-func checkSegment(path string, first uint64, recs []wal.Record, tail wal.Tail, newest bool, last uint64) error {
+// checkSegment checks what wal read from segment f against the segments
+// before it, which end at entry last (0 if none holds any): only the
+// newest segment may end in a torn record or be empty, and each continues
+// the one before.
+func checkSegment(f segmentFile, recs []wal.Record, tail wal.Tail, newest bool, last uint64) error {
+	path, first := f.path, f.first
 	switch {
 	case tail.Torn && !newest:
 		return fmt.Errorf("cluster: raft log: %s ends in a damaged record (%s), and newer segments follow: "+
@@ -165,18 +159,16 @@ func CheckLog(dataDir string) *LogReport {
 		return nil
 	}
 	r := &LogReport{Dir: dir}
-	names, err := segmentFiles(dir)
+	files, err := segmentFiles(dir)
 	if err != nil {
 		r.Error = err.Error()
 		return r
 	}
-	r.Segments = len(names)
-	for i, name := range names {
-		first, _ := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64)
-		path := filepath.Join(dir, name)
-		recs, tail, err := wal.Read(path, first-1)
+	r.Segments = len(files)
+	for i, f := range files {
+		recs, tail, err := wal.Read(f.path, f.first-1)
 		if err == nil {
-			err = checkSegment(path, first, recs, tail, i == len(names)-1, r.Last)
+			err = checkSegment(f, recs, tail, i == len(files)-1, r.Last)
 		}
 		if err != nil {
 			r.Error = err.Error()
@@ -184,7 +176,7 @@ func CheckLog(dataDir string) *LogReport {
 		}
 		if len(recs) > 0 {
 			if r.First == 0 {
-				r.First = first
+				r.First = f.first
 			}
 			r.Last = recs[len(recs)-1].LSN
 			r.Entries += uint64(len(recs))
@@ -195,29 +187,43 @@ func CheckLog(dataDir string) *LogReport {
 	return r
 }
 
-// walHeader is the size of a wal record's header (length, checksum,
-// number).
-const walHeader = 16
+// segmentFile is a segment's file: its path, and the index of its first
+// entry, which names it.
+type segmentFile struct {
+	path  string
+	first uint64
+}
 
 // segmentFiles lists the segment files in dir, oldest first.
-func segmentFiles(dir string) ([]string, error) {
+func segmentFiles(dir string) ([]segmentFile, error) {
 	entries, err := os.ReadDir(dir)
 	if err != nil {
 		return nil, fmt.Errorf("cluster: raft log: %w", err)
 	}
-	var names []string
+	var files []segmentFile
 	for _, e := range entries {
-		name := e.Name()
-		if !strings.HasSuffix(name, segSuffix) {
+		num, ok := strings.CutSuffix(e.Name(), segSuffix)
+		first, err := strconv.ParseUint(num, 10, 64)
+		if !ok || err != nil || first == 0 || len(num) != 20 {
 			continue
 		}
-		if first, err := strconv.ParseUint(strings.TrimSuffix(name, segSuffix), 10, 64); err != nil || first == 0 || len(name) != 20+len(segSuffix) {
-			continue
-		}
-		names = append(names, name)
+		files = append(files, segmentFile{path: filepath.Join(dir, e.Name()), first: first})
 	}
-	slices.Sort(names) // zero-padded: by first index
-	return names, nil
+	slices.SortFunc(files, func(a, b segmentFile) int { return cmp.Compare(a.first, b.first) })
+	return files, nil
+}
+
+func segmentPath(dir string, first uint64) string {
+	return filepath.Join(dir, fmt.Sprintf("%020d%s", first, segSuffix))
+}
+
+// last is the last entry's index, or 0 if the log is empty. Called with
+// mu held.
+func (s *logStore) last() uint64 {
+	if len(s.locs) == 0 {
+		return 0
+	}
+	return s.first + uint64(len(s.locs)) - 1
 }
 
 // FirstIndex is the first entry's index, or 0 if the log is empty.
@@ -231,14 +237,14 @@ func (s *logStore) FirstIndex() (uint64, error) {
 func (s *logStore) LastIndex() (uint64, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	return s.last, nil
+	return s.last(), nil
 }
 
 // GetLog reads entry index into out.
 func (s *logStore) GetLog(index uint64, out *raft.Log) error {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
-	if s.first == 0 || index < s.first || index > s.last {
+	if index < s.first || index-s.first >= uint64(len(s.locs)) {
 		return raft.ErrLogNotFound
 	}
 	loc := s.locs[index-s.first]
@@ -269,8 +275,8 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 		s.mu.Unlock()
 		return err
 	}
-	next := s.last + 1
-	if s.first == 0 {
+	next := s.last() + 1
+	if len(s.locs) == 0 {
 		next = logs[0].Index
 	}
 	for i, l := range logs {
@@ -287,26 +293,36 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 	// Appends go beyond what readers look at (last): they need not wait
 	// for the writes, nor for the sync below.
 	s.mu.Unlock()
-	locs := make([]entryLoc, 0, len(logs))
-	for _, l := range logs {
-		s.buf = encodeEntry(s.buf[:0], l)
-		off := seg.log.Size()
-		if err := seg.log.Append(l.Index, s.buf); err != nil {
-			return s.fail(err) // the records written may be torn: no more appends
-		}
-		locs = append(locs, entryLoc{seg: seg, off: off, n: len(s.buf)})
+	// Encoded into one buffer, then cut into payloads (the buffer may move
+	// while it grows); wal writes them in one write.
+	ends := make([]int, len(logs))
+	s.buf = s.buf[:0]
+	for i, l := range logs {
+		s.buf = encodeEntry(s.buf, l)
+		ends[i] = len(s.buf)
+	}
+	payloads := make([][]byte, len(logs))
+	locs := make([]entryLoc, len(logs))
+	off, start := seg.log.Size(), 0
+	for i, end := range ends {
+		payloads[i] = s.buf[start:end]
+		locs[i] = entryLoc{seg: seg, off: off, n: end - start}
+		off += wal.RecordSize(end - start)
+		start = end
+	}
+	if err := seg.log.Append(next, payloads...); err != nil {
+		return s.fail(err) // the records may be torn: no more appends
 	}
 	if !s.noSync {
-		if err := seg.log.Sync(); err != nil {
+		if err := syncSegment(seg.log); err != nil {
 			return s.fail(err)
 		}
 	}
 	s.mu.Lock()
-	if s.first == 0 {
+	if len(s.locs) == 0 {
 		s.first = next
 	}
 	s.locs = append(s.locs, locs...)
-	s.last = logs[len(logs)-1].Index
 	s.mu.Unlock()
 	return nil
 }
@@ -352,7 +368,7 @@ func (s *logStore) segmentFor(next uint64) (*segment, error) {
 			return seg, nil
 		}
 	}
-	path := filepath.Join(s.dir, fmt.Sprintf("%020d%s", next, segSuffix))
+	path := segmentPath(s.dir, next)
 	l, recs, _, err := wal.Open(path, next-1)
 	if err == nil && len(recs) > 0 {
 		l.Close()
@@ -365,7 +381,7 @@ func (s *logStore) segmentFor(next uint64) (*segment, error) {
 		l.Close()
 		return nil, err
 	}
-	seg := &segment{first: next, path: path, log: l}
+	seg := &segment{segmentFile{path: path, first: next}, l}
 	s.segs = append(s.segs, seg)
 	return seg, nil
 }
@@ -380,12 +396,13 @@ func (s *logStore) DeleteRange(lo, hi uint64) error {
 	if err := s.usable(); err != nil {
 		return err
 	}
-	if s.first == 0 || lo > s.last || hi < s.first || lo > hi {
+	last := s.last()
+	if last == 0 || lo > last || hi < s.first || lo > hi {
 		return nil
 	}
-	lo, hi = max(lo, s.first), min(hi, s.last)
+	lo, hi = max(lo, s.first), min(hi, last)
 	switch {
-	case lo == s.first && hi == s.last:
+	case lo == s.first && hi == last:
 		return s.dropAll()
 	case lo == s.first:
 		s.locs = s.locs[hi-s.first+1:]
@@ -403,10 +420,10 @@ func (s *logStore) DeleteRange(lo, hi uint64) error {
 			return syncDir(s.dir)
 		}
 		return nil
-	case hi == s.last:
+	case hi == last:
 		return s.truncate(lo)
 	}
-	return fmt.Errorf("cluster: raft log: deleting entries %d-%d from the middle of %d-%d", lo, hi, s.first, s.last)
+	return fmt.Errorf("cluster: raft log: deleting entries %d-%d from the middle of %d-%d", lo, hi, s.first, last)
 }
 
 // truncate deletes entries from lo on. Later segments go first, so that a
@@ -430,7 +447,6 @@ func (s *logStore) truncate(lo uint64) error {
 		return s.failLocked(err)
 	}
 	s.locs = s.locs[:lo-s.first]
-	s.last = lo - 1
 	return nil
 }
 
@@ -442,7 +458,7 @@ func (s *logStore) dropAll() error {
 			return err
 		}
 	}
-	s.segs, s.locs, s.first, s.last = nil, nil, 0, 0
+	s.segs, s.locs, s.first = nil, nil, 0
 	return syncDir(s.dir)
 }
 
@@ -475,14 +491,9 @@ func (s *logStore) Close() error {
 	return errors.Join(errs...)
 }
 
-// syncDir makes the creation and removal of files in dir durable.
+// syncDir makes the creation and removal of segments in dir durable.
 func syncDir(dir string) error {
-	d, err := os.Open(dir)
-	if err != nil {
-		return fmt.Errorf("cluster: raft log: %w", err)
-	}
-	defer d.Close()
-	if err := d.Sync(); err != nil {
+	if err := wal.SyncDir(dir); err != nil {
 		return fmt.Errorf("cluster: raft log: sync %s: %w", dir, err)
 	}
 	return nil
@@ -555,7 +566,7 @@ func moveLog(old raft.LogStore, dir string, noSync bool, log *slog.Logger) error
 	if last == 0 {
 		return nil
 	}
-	if names, err := segmentFiles(dir); err == nil && len(names) > 0 {
+	if files, err := segmentFiles(dir); err == nil && len(files) > 0 {
 		// Moved already; the old copy was not yet deleted.
 		return old.DeleteRange(first, last)
 	}

@@ -224,7 +224,7 @@ func TestLogStoreSegments(t *testing.T) {
 // refused when read.
 func TestLogStoreCrash(t *testing.T) {
 	smallSegments(t)
-	build := func(t *testing.T) (string, []string) {
+	build := func(t *testing.T) (string, []segmentFile) {
 		dir := t.TempDir()
 		s, err := openLogStore(dir, false)
 		if err != nil {
@@ -237,28 +237,26 @@ func TestLogStoreCrash(t *testing.T) {
 			}
 		}
 		s.Close()
-		names, _ := segmentFiles(dir)
-		if len(names) < 3 {
-			t.Fatalf("%d segments", len(names))
+		files, _ := segmentFiles(dir)
+		if len(files) < 3 {
+			t.Fatalf("%d segments", len(files))
 		}
-		return dir, names
+		return dir, files
 	}
 	// lastRecord returns the offset of the last record of a segment.
-	lastRecord := func(t *testing.T, path string) int64 {
-		var first uint64
-		fmt.Sscanf(filepath.Base(path), "%d", &first)
-		recs, tail, err := wal.Read(path, first-1)
+	lastRecord := func(t *testing.T, f segmentFile) int64 {
+		recs, _, err := wal.Read(f.path, f.first-1)
 		if err != nil || len(recs) == 0 {
-			t.Fatalf("%s: %d records, %v", path, len(recs), err)
+			t.Fatalf("%s: %d records, %v", f.path, len(recs), err)
 		}
-		return tail.Offset - int64(walHeader+len(recs[len(recs)-1].Payload))
+		return recs[len(recs)-1].Offset
 	}
+	header := wal.RecordSize(0)
 
 	t.Run("torn last record", func(t *testing.T) {
-		dir, names := build(t)
-		path := filepath.Join(dir, names[len(names)-1])
-		off := lastRecord(t, path)
-		if err := os.Truncate(path, off+walHeader+3); err != nil {
+		dir, files := build(t)
+		newest := files[len(files)-1]
+		if err := os.Truncate(newest.path, lastRecord(t, newest)+header+3); err != nil {
 			t.Fatal(err)
 		}
 		s, err := openLogStore(dir, false)
@@ -278,52 +276,67 @@ func TestLogStoreCrash(t *testing.T) {
 		}
 	})
 	t.Run("damaged record of an older segment", func(t *testing.T) {
-		dir, names := build(t)
-		path := filepath.Join(dir, names[0])
-		flip(t, path, lastRecord(t, path)+walHeader+2)
-		if s, err := openLogStore(dir, false); !errors.Is(err, wal.ErrCorrupt) {
-			if s != nil {
-				s.Close()
-			}
-			t.Fatalf("open with a damaged record in the oldest segment: %v, want ErrCorrupt", err)
-		}
+		dir, files := build(t)
+		flip(t, files[0].path, lastRecord(t, files[0])+header+2)
+		wantCorrupt(t, dir, "a damaged record in the oldest segment")
 	})
 	t.Run("damaged record before the last", func(t *testing.T) {
-		dir, names := build(t)
-		path := filepath.Join(dir, names[len(names)-1])
-		flip(t, path, walHeader+2) // the newest segment's first record, with more after it
-		if s, err := openLogStore(dir, false); !errors.Is(err, wal.ErrCorrupt) {
-			if s != nil {
-				s.Close()
-			}
-			t.Fatalf("open with a damaged record inside the newest segment: %v, want ErrCorrupt", err)
-		}
+		dir, files := build(t)
+		flip(t, files[len(files)-1].path, header+2) // the newest segment's first record, with more after it
+		wantCorrupt(t, dir, "a damaged record inside the newest segment")
 	})
 	t.Run("missing segment", func(t *testing.T) {
-		dir, names := build(t)
-		if err := os.Remove(filepath.Join(dir, names[1])); err != nil {
+		dir, files := build(t)
+		if err := os.Remove(files[1].path); err != nil {
 			t.Fatal(err)
 		}
-		if s, err := openLogStore(dir, false); !errors.Is(err, wal.ErrCorrupt) {
-			if s != nil {
-				s.Close()
-			}
-			t.Fatalf("open with a segment missing: %v, want ErrCorrupt", err)
-		}
+		wantCorrupt(t, dir, "a segment missing")
 	})
 	t.Run("damaged after open", func(t *testing.T) {
-		dir, names := build(t)
+		dir, files := build(t)
 		s, err := openLogStore(dir, false)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer s.Close()
-		flip(t, filepath.Join(dir, names[0]), walHeader+2)
+		flip(t, files[0].path, header+2)
 		var l raft.Log
 		if err := s.GetLog(1, &l); !errors.Is(err, wal.ErrCorrupt) {
 			t.Fatalf("get of a record damaged since open: %v, want ErrCorrupt", err)
 		}
 	})
+}
+
+// TestLogStoreSyncsBeforeReturning: StoreLogs returns only after one sync
+// that covers every entry it was given (a follower acknowledges entries,
+// and a leader counts its own, once StoreLogs returns); without sync on,
+// none.
+func TestLogStoreSyncsBeforeReturning(t *testing.T) {
+	for _, noSync := range []bool{false, true} {
+		s, err := openLogStore(t.TempDir(), noSync)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var synced []int64 // the segment's size at each sync
+		old := syncSegment
+		syncSegment = func(l *wal.Log) error {
+			synced = append(synced, l.Size())
+			return old(l)
+		}
+		err = s.StoreLogs([]*raft.Log{{Index: 1, Term: 1, Data: []byte("a")}, {Index: 2, Term: 1}, {Index: 3, Term: 1, Data: []byte("c")}})
+		syncSegment = old
+		if err != nil {
+			t.Fatal(err)
+		}
+		size := s.segs[len(s.segs)-1].log.Size()
+		switch {
+		case noSync && len(synced) != 0:
+			t.Errorf("noSync: %d syncs", len(synced))
+		case !noSync && (len(synced) != 1 || synced[0] != size):
+			t.Errorf("syncs at sizes %v; want one, at %d (all three entries)", synced, size)
+		}
+		s.Close()
+	}
 }
 
 // TestLogStoreWriteFails: once a write fails, the log takes nothing more
@@ -361,6 +374,18 @@ func TestLogStoreWriteFails(t *testing.T) {
 	defer s.Close()
 	if last, _ := s.LastIndex(); last != 3 || s.Failed() != nil {
 		t.Fatalf("after a restart: last %d, failed %v; want 3, nil", last, s.Failed())
+	}
+}
+
+// wantCorrupt: opening the log in dir fails with wal.ErrCorrupt.
+func wantCorrupt(t *testing.T, dir, what string) {
+	t.Helper()
+	s, err := openLogStore(dir, false)
+	if s != nil {
+		s.Close()
+	}
+	if !errors.Is(err, wal.ErrCorrupt) {
+		t.Fatalf("open with %s: %v, want ErrCorrupt", what, err)
 	}
 }
 

@@ -140,6 +140,7 @@ type Log struct {
 type Record struct {
 	LSN     uint64
 	Payload []byte
+	Offset  int64 // where it starts in the file (for ReadAt)
 }
 
 // Open opens or creates the log at path, and returns it with the records
@@ -200,7 +201,7 @@ func read(data []byte, after uint64) ([]Record, Tail, error) {
 			break
 		}
 		if lsn > after {
-			recs = append(recs, Record{LSN: lsn, Payload: data[off+header : off+header+n]})
+			recs = append(recs, Record{LSN: lsn, Payload: data[off+header : off+header+n], Offset: int64(off)})
 		}
 		prev = lsn
 		off += header + n
@@ -315,26 +316,47 @@ func allZero(b []byte) bool {
 	return true
 }
 
-// Append writes record lsn after the last. lsn must be one more than the
-// last record's: after Open, one more than the last record it returned (or
-// than its after, if it returned none); after Reset, one more than the last
-// record the checkpoint covered. It is not durable until Sync returns.
-func (l *Log) Append(lsn uint64, payload []byte) error {
-	if len(payload) > MaxRecord {
-		return ErrTooLarge
-	}
+// Append writes records numbered lsn, lsn+1, ..., one per payload, after
+// the last, in one write. lsn must be one more than the last record's:
+// after Open, one more than the last record it returned (or than its
+// after, if it returned none); after Reset, one more than the last record
+// the checkpoint covered. They are not durable until Sync returns. The
+// first starts at Size as it was, and each takes RecordSize of its
+// payload's length.
+func (l *Log) Append(lsn uint64, payloads ...[]byte) error {
 	b := l.buf[:0]
-	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
-	b = binary.BigEndian.AppendUint32(b, 0) // the checksum, below
-	b = binary.BigEndian.AppendUint64(b, lsn)
-	b = append(b, payload...)
-	binary.BigEndian.PutUint32(b[4:], crc32.Checksum(b[8:], castagnoli))
+	for i, p := range payloads {
+		if len(p) > MaxRecord {
+			return ErrTooLarge
+		}
+		start := len(b)
+		b = binary.BigEndian.AppendUint32(b, uint32(len(p)))
+		b = binary.BigEndian.AppendUint32(b, 0) // the checksum, below
+		b = binary.BigEndian.AppendUint64(b, lsn+uint64(i))
+		b = append(b, p...)
+		binary.BigEndian.PutUint32(b[start+4:], crc32.Checksum(b[start+8:], castagnoli))
+	}
 	l.buf = b
 	if _, err := l.f.WriteAt(b, l.off); err != nil {
 		return fmt.Errorf("wal: append: %w", err)
 	}
 	l.off += int64(len(b))
 	return nil
+}
+
+// RecordSize is how many bytes of the file a record with an n-byte payload
+// takes.
+func RecordSize(n int) int64 { return int64(header + n) }
+
+// SyncDir makes the creation, removal and renaming of files in dir
+// durable.
+func SyncDir(dir string) error {
+	d, err := os.Open(dir)
+	if err != nil {
+		return err
+	}
+	defer d.Close()
+	return d.Sync()
 }
 
 // Sync makes every appended record durable (fdatasync).

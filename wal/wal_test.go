@@ -455,3 +455,49 @@ func TestRead(t *testing.T) {
 	_, _, err = Read(path, 0)
 	wantCorrupt(t, err, path, 0, 1)
 }
+
+// TestAppendMany: records appended together are written in one write,
+// numbered in order, each where RecordSize says, and read back by Open and
+// ReadAt as if appended one by one.
+func TestAppendMany(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	l, _, _, err := Open(path, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	payloads := [][]byte{[]byte("one"), {}, []byte("three, longer")}
+	if err := l.Append(10, payloads...); err != nil {
+		t.Fatal(err)
+	}
+	if err := l.Append(13, []byte("four")); err != nil {
+		t.Fatal(err)
+	}
+	var size int64
+	for _, p := range append(payloads, []byte("four")) {
+		size += RecordSize(len(p))
+	}
+	if l.Size() != size {
+		t.Fatalf("size %d, want %d", l.Size(), size)
+	}
+	l.Close()
+	l, recs, tail, err := Open(path, 9)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	var off int64
+	for i, r := range recs {
+		want := append(payloads, []byte("four"))[i]
+		if r.LSN != 10+uint64(i) || string(r.Payload) != string(want) || r.Offset != off {
+			t.Fatalf("record %d: %d %q at %d; want %d %q at %d", i, r.LSN, r.Payload, r.Offset, 10+i, want, off)
+		}
+		lsn, p, err := l.ReadAt(r.Offset, len(r.Payload))
+		if err != nil || lsn != r.LSN || string(p) != string(want) {
+			t.Fatalf("ReadAt(%d) = %d %q %v", r.Offset, lsn, p, err)
+		}
+		off += RecordSize(len(want))
+	}
+	if len(recs) != 4 || tail.Offset != size || tail.Torn {
+		t.Fatalf("%d records, tail %+v; want 4 ending at %d", len(recs), tail, size)
+	}
+}

@@ -489,17 +489,6 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	last := cn.writers.Add(-1) == 0
 	cn.next++
 	id := cn.next
-	cn.mu.Lock()
-	if cn.err != nil {
-		err := cn.err
-		cn.mu.Unlock()
-		if err == errClosed {
-			return 0, ErrClientClosed
-		}
-		return 0, errNotSent
-	}
-	cn.pending[id] = p
-	cn.mu.Unlock()
 	e := cn.enc
 	mark := e.buf.Len()
 	e.EncodeArrayLen(4)
@@ -513,12 +502,24 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 		e.EncodeArrayLen(1)
 		err = write(params{e})
 	}
-	if err != nil {
-		// Nothing of it has left: take it back.
-		e.buf.Truncate(mark)
-		cn.mu.Lock()
-		delete(cn.pending, id)
-		cn.mu.Unlock()
+	// Registered only once encoded: a registered call may be handed the
+	// read side (passRead), and one that is never sent would never take
+	// it, leaving the connection unread.
+	var broken error
+	cn.mu.Lock()
+	if broken = cn.err; broken == nil && err == nil {
+		cn.pending[id] = p
+	}
+	cn.mu.Unlock()
+	switch {
+	case broken != nil:
+		e.buf.Reset() // the queued calls were failed with the connection
+		if broken == errClosed {
+			return 0, ErrClientClosed
+		}
+		return 0, errNotSent
+	case err != nil:
+		e.buf.Truncate(mark) // nothing of it has left: take it back
 	}
 	if last && e.buf.Len() > 0 {
 		_, werr := cn.nc.Write(e.buf.Bytes())
