@@ -360,10 +360,9 @@ func (s *logStore) segmentFor(next uint64) (*segment, error) {
 		case seg.log.Size() == 0 && seg.first != next:
 			// Empty and named for other entries (the log is empty, and
 			// these start elsewhere): replace it.
-			if err := s.removeSegment(seg); err != nil {
+			if err := s.removeFrom(n - 1); err != nil {
 				return nil, err
 			}
-			s.segs = s.segs[:n-1]
 		case seg.log.Size() < segmentSize:
 			return seg, nil
 		}
@@ -410,10 +409,9 @@ func (s *logStore) DeleteRange(lo, hi uint64) error {
 		// Remove the segments now wholly below first.
 		var gone bool
 		for len(s.segs) > 1 && s.segs[1].first <= s.first {
-			if err := s.removeSegment(s.segs[0]); err != nil {
+			if err := s.removeOldest(); err != nil {
 				return err
 			}
-			s.segs = s.segs[1:]
 			gone = true
 		}
 		if gone {
@@ -426,22 +424,16 @@ func (s *logStore) DeleteRange(lo, hi uint64) error {
 	return fmt.Errorf("cluster: raft log: deleting entries %d-%d from the middle of %d-%d", lo, hi, s.first, last)
 }
 
-// truncate deletes entries from lo on. Later segments go first, so that a
-// crash midway leaves a log without gaps (with some of the entries still
-// there, which raft deletes again). Called with mu held.
+// truncate deletes entries from lo on. The later segments go first,
+// newest first, each removal made durable before the next: a crash midway
+// leaves the log a prefix of what it was, without gaps (with some of the
+// entries from lo on still there, which raft deletes again). Called with
+// mu held.
 func (s *logStore) truncate(lo uint64) error {
 	loc := s.locs[lo-s.first]
 	k := slices.Index(s.segs, loc.seg)
-	for _, seg := range s.segs[k+1:] {
-		if err := s.removeSegment(seg); err != nil {
-			return err
-		}
-	}
-	if len(s.segs) > k+1 {
-		s.segs = s.segs[:k+1]
-		if err := syncDir(s.dir); err != nil {
-			return s.failLocked(err)
-		}
+	if err := s.removeFrom(k + 1); err != nil {
+		return err
 	}
 	if err := loc.seg.log.Truncate(loc.off); err != nil {
 		return s.failLocked(err)
@@ -450,21 +442,52 @@ func (s *logStore) truncate(lo uint64) error {
 	return nil
 }
 
-// dropAll deletes every entry: raft does so when it installs a snapshot
-// newer than its whole log. Called with mu held.
+// dropAll deletes every entry: raft does so once it has installed or
+// restored a snapshot. The newest segment goes first, as in truncate, so a
+// crash midway leaves a prefix of the log: entries the snapshot covers,
+// which the node drops when it starts again (dropCovered), or that run on
+// into it. Called with mu held.
 func (s *logStore) dropAll() error {
-	for _, seg := range s.segs {
-		if err := s.removeSegment(seg); err != nil {
+	if err := s.removeFrom(0); err != nil {
+		return err
+	}
+	s.locs, s.first = nil, 0
+	return nil
+}
+
+// removeFrom removes segments k on, newest first, syncing the directory
+// after each removal so that no older one is gone while a newer one is
+// still there. Called with mu held.
+func (s *logStore) removeFrom(k int) error {
+	for len(s.segs) > k {
+		if err := s.removeSegment(s.segs[len(s.segs)-1]); err != nil {
 			return err
 		}
+		s.segs = s.segs[:len(s.segs)-1]
+		if err := syncDir(s.dir); err != nil {
+			return s.failLocked(err)
+		}
 	}
-	s.segs, s.locs, s.first = nil, nil, 0
-	return syncDir(s.dir)
+	return nil
 }
+
+// removeOldest removes the oldest segment (compaction: a crash midway
+// leaves the newer ones, still without gaps). Called with mu held.
+func (s *logStore) removeOldest() error {
+	if err := s.removeSegment(s.segs[0]); err != nil {
+		return err
+	}
+	s.segs = s.segs[1:]
+	return nil
+}
+
+// removeSegmentFile removes a segment's file (tests stop it midway, as a
+// crash would).
+var removeSegmentFile = os.Remove
 
 func (s *logStore) removeSegment(seg *segment) error {
 	seg.log.Close()
-	if err := os.Remove(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
+	if err := removeSegmentFile(seg.path); err != nil && !errors.Is(err, os.ErrNotExist) {
 		return s.failLocked(err)
 	}
 	return nil

@@ -307,6 +307,117 @@ func TestLogStoreCrash(t *testing.T) {
 	})
 }
 
+// TestLogStoreRemovalCrash: deleting a suffix of the log (a follower's
+// diverged entries) or all of it (after a snapshot is installed) removes
+// several segments; a crash before any one of the removals (here, the
+// removal fails and the files are reopened as they are) must leave a log
+// that opens: a prefix of what it held, without gaps, which the deletion
+// then finishes. Removing the oldest segment first would leave a gap
+// (ErrCorrupt on open: a node that does not start).
+func TestLogStoreRemovalCrash(t *testing.T) {
+	smallSegments(t)
+	const n = 60
+	build := func(t *testing.T) (string, []*raft.Log) {
+		dir := t.TempDir()
+		s, err := openLogStore(dir, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer s.Close()
+		rng := rand.New(rand.NewPCG(5, 6))
+		var entries []*raft.Log
+		for i := uint64(1); i <= n; i++ {
+			e := testEntry(rng, i, 1)
+			entries = append(entries, e)
+			if err := s.StoreLogs([]*raft.Log{e}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		return dir, entries
+	}
+	for _, tc := range []struct {
+		name   string
+		lo, hi uint64
+	}{
+		{"suffix", 10, n}, // from the second segment on
+		{"all", 1, n},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir, entries := build(t)
+			segs, _ := segmentFiles(dir)
+			if len(segs) < 4 {
+				t.Fatalf("%d segments; want several to remove", len(segs))
+			}
+			for crashAt := 0; ; crashAt++ {
+				crashDir := t.TempDir()
+				copyDir(t, dir, crashDir)
+				removed := 0
+				removeSegmentFile = func(path string) error {
+					if removed == crashAt {
+						return errors.New("crashed")
+					}
+					removed++
+					return os.Remove(path)
+				}
+				s, err := openLogStore(crashDir, false)
+				if err != nil {
+					t.Fatal(err)
+				}
+				delErr := s.DeleteRange(tc.lo, tc.hi)
+				s.Close()
+				removeSegmentFile = os.Remove
+				if delErr == nil && removed < crashAt {
+					break // every removal done before the crash point
+				}
+				s, err = openLogStore(crashDir, false)
+				if err != nil {
+					t.Fatalf("crash before removal %d: reopen: %v", crashAt+1, err)
+				}
+				first, _ := s.FirstIndex()
+				last, _ := s.LastIndex()
+				if delErr != nil && (first != 1 || last < tc.lo-1) {
+					t.Fatalf("crash before removal %d: log %d-%d; want a prefix 1-x with x >= %d", crashAt+1, first, last, tc.lo-1)
+				}
+				for i := first; i <= last && i > 0; i++ {
+					var l raft.Log
+					if err := s.GetLog(i, &l); err != nil || !sameEntry(&l, entries[i-1]) {
+						t.Fatalf("crash before removal %d: entry %d = %+v, %v", crashAt+1, i, l, err)
+					}
+				}
+				// Raft deletes again and goes on.
+				if err := s.DeleteRange(tc.lo, tc.hi); err != nil {
+					t.Fatal(err)
+				}
+				next := &raft.Log{Index: tc.lo, Term: 2, Data: []byte("new")}
+				if err := s.StoreLogs([]*raft.Log{next}); err != nil {
+					t.Fatalf("crash before removal %d: storing %d after the deletion: %v", crashAt+1, tc.lo, err)
+				}
+				s.Close()
+				if crashAt > len(segs) {
+					t.Fatalf("%d removals for %d segments", crashAt, len(segs))
+				}
+			}
+		})
+	}
+}
+
+func copyDir(t *testing.T, from, to string) {
+	t.Helper()
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
 // TestLogStoreSyncsBeforeReturning: StoreLogs returns only after one sync
 // that covers every entry it was given (a follower acknowledges entries,
 // and a leader counts its own, once StoreLogs returns); without sync on,
