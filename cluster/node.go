@@ -241,6 +241,12 @@ func (n *Node) startRaft() error {
 		n.store.Close()
 		return err
 	}
+	if err := n.finishInstall(snaps); err != nil {
+		n.trans.Close()
+		n.logs.Close()
+		n.store.Close()
+		return err
+	}
 	// Keep the newest entries in memory: the leader reads each entry it
 	// sends to followers and the FSM each entry it applies, and would
 	// otherwise read them back from the files.
@@ -257,6 +263,48 @@ func (n *Node) startRaft() error {
 		n.logs.Close()
 		n.store.Close()
 		return fmt.Errorf("cluster: raft: %w", err)
+	}
+	return nil
+}
+
+// finishInstall finishes what a crash may have cut short when raft
+// installed a snapshot from the leader (or restored one): raft writes the
+// snapshot to its store, then has the engine load it, then deletes the
+// whole log. Raft starts again from its newest snapshot's index, trusting
+// the engine to hold that state (NoSnapshotRestoreOnStart: the engine
+// keeps its own), and applies only the entries after it. So an engine
+// behind the snapshot loads it now: else it would never get the entries
+// up to the snapshot's index, and answer without them for good. And a log
+// that ends below the snapshot, wholly covered by it, is deleted: else no
+// entry after the snapshot could follow it. (The node's own snapshots
+// never get ahead of the engine: the engine checkpoints before each.)
+func (n *Node) finishInstall(snaps raft.SnapshotStore) error {
+	metas, err := snaps.List()
+	if err != nil {
+		return fmt.Errorf("cluster: raft snapshots: %w", err)
+	}
+	if len(metas) == 0 {
+		return nil
+	}
+	meta := metas[0] // the newest: the one raft starts from
+	if applied := n.m.Applied(); applied < meta.Index {
+		_, rc, err := snaps.Open(meta.ID)
+		if err != nil {
+			return fmt.Errorf("cluster: raft snapshot %s: %w", meta.ID, err)
+		}
+		err = n.fsm.Restore(rc) // closes rc
+		if err != nil {
+			return fmt.Errorf("cluster: loading raft snapshot %s (the engine is behind it, at %d): %w", meta.ID, applied, err)
+		}
+		n.log.Warn("loaded the raft snapshot whose install a crash interrupted", "snapshot", meta.ID, "snapshot_index", meta.Index, "applied_before", applied)
+	}
+	first, _ := n.logs.FirstIndex()
+	last, _ := n.logs.LastIndex()
+	if last != 0 && last < meta.Index {
+		if err := n.logs.DeleteRange(first, last); err != nil {
+			return err
+		}
+		n.log.Warn("deleted raft log entries the newest snapshot covers (a crash interrupted their deletion)", "first", first, "last", last, "snapshot_index", meta.Index)
 	}
 	return nil
 }

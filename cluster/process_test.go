@@ -2,11 +2,13 @@ package cluster_test
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -356,6 +358,132 @@ func TestLateNodeCatchesUpBySnapshot(t *testing.T) {
 	if voters != 4 {
 		t.Errorf("members = %+v; want 4 voters", ms)
 	}
+}
+
+// TestInterruptedSnapshotInstall: a follower killed -9 while it installs
+// a snapshot from the leader, after raft wrote the snapshot to its store
+// and before the engine had loaded it (or before raft had deleted the old
+// log), finishes the install when it starts again. The state such a crash
+// leaves is made here, as it would be on disk: the follower's files as of
+// its kill, plus the leader's snapshot in its snapshot store. Raft starts
+// from the snapshot's index on the node's own state (the engine keeps it),
+// so without the finish the node's engine lacked, for good, every write
+// between its own last checkpoint and the snapshot's index (k0 was missing
+// 30 s after the restart), while the leader, which kept its whole log,
+// sent it only the entries after that. Then the leader is killed, and
+// every acknowledged write is read back from whoever leads.
+func TestInterruptedSnapshotInstall(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 3*time.Minute)
+	leader := c.Leader(t)
+	lcl := c.Dial(t, leader)
+	l, err := lcl.Acquire(ctx, "L", 10*time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const n = 220
+	put := func(i int) {
+		t.Helper()
+		if _, err := lcl.Put(ctx, []byte("k"+strconv.Itoa(i)), []byte("v"+strconv.Itoa(i)), fencekv.WriteOptions{Token: l.Token}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := range 50 {
+		put(i)
+	}
+	f := c.Others(leader)[0]
+	fcl := dialEventually(t, c, f)
+	eventually(t, "the follower has k49", 30*time.Second, func() error {
+		e, err := fcl.Get(fencekv.WithStaleReads(ctx), []byte("k49"))
+		if err == nil && !e.Found {
+			err = errors.New("not yet")
+		}
+		return err
+	})
+	c.Kill(f)
+	for i := 50; i < 200; i++ {
+		put(i)
+	}
+	// A backup snapshots the leader and compacts its log, to 16 entries
+	// before the snapshot: far past the follower's last.
+	b, err := lcl.Backup(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b.Close()
+	snap := snapshotDir(t, leader.Dir, b.Index)
+	to := filepath.Join(f.Dir, "snapshots", "snapshots", filepath.Base(snap))
+	if err := os.MkdirAll(to, 0o700); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"meta.json", "state.bin"} {
+		data, err := os.ReadFile(filepath.Join(snap, name))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, name), data, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for i := 200; i < n; i++ {
+		put(i)
+	}
+	c.Restart(f)
+	fcl = dialEventually(t, c, f)
+	check := func(cl *wire.Client, ctx context.Context, who string) error {
+		for i := range n {
+			k := "k" + strconv.Itoa(i)
+			e, err := cl.Get(ctx, []byte(k))
+			if err != nil {
+				return err
+			}
+			if !e.Found || string(e.Value) != "v"+strconv.Itoa(i) || e.Fence != l.Token {
+				return fmt.Errorf("%s: %s = %+v; want v%d with fence %d", who, k, e, i, l.Token)
+			}
+		}
+		return nil
+	}
+	eventually(t, "the restarted follower has every write", 30*time.Second, func() error {
+		return check(fcl, fencekv.WithStaleReads(ctx), f.Name)
+	})
+	c.Kill(leader)
+	var cl *wire.Client
+	for _, nd := range c.Others(leader) {
+		if nd != f {
+			cl = c.Dial(t, nd)
+		}
+	}
+	eventually(t, "every write, read after the leader's death", 60*time.Second, func() error {
+		return check(cl, ctx, "the new leader")
+	})
+	if !strings.Contains(f.Log(), "loaded the raft snapshot whose install a crash interrupted") {
+		t.Errorf("the follower did not say it loaded the snapshot; its log:\n%s", f.Log())
+	}
+}
+
+// snapshotDir returns the dir of raft's snapshot at index in a node's
+// data dir.
+func snapshotDir(t *testing.T, dataDir string, index uint64) string {
+	t.Helper()
+	dirs, err := filepath.Glob(filepath.Join(dataDir, "snapshots", "snapshots", "*", "meta.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range dirs {
+		b, err := os.ReadFile(m)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var meta struct{ Index uint64 }
+		if err := json.Unmarshal(b, &meta); err != nil {
+			t.Fatal(err)
+		}
+		if meta.Index == index {
+			return filepath.Dir(m)
+		}
+	}
+	t.Fatalf("no snapshot at index %d in %s", index, dataDir)
+	return ""
 }
 
 // TestDeadNodeReapedAndRejoins: a node dead for longer than --reap-after
