@@ -335,6 +335,10 @@ func (n *Node) reconcile() {
 // Member describes one node of the cluster.
 type Member = fencekv.Member
 
+// Term is the node's raft term, now (the wire method term, which a leader
+// asks of each voter before it answers a read: read.go).
+func (n *Node) Term() uint64 { return n.raft.CurrentTerm() }
+
 // Members lists the nodes gossip and raft know of.
 func (n *Node) Members(ctx context.Context) ([]fencekv.Member, error) {
 	var out []fencekv.Member

@@ -356,6 +356,7 @@ func (n *Node) Close() error {
 		errs = append(errs, n.raft.Shutdown().Error())
 		n.wg.Wait()
 		n.fwd.close()
+		n.reads.close()
 		n.setLeadership(false, 0)
 		n.drainWaiters(errClosed)
 		if n.m.Failed() == nil {

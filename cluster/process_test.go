@@ -286,6 +286,91 @@ func TestPausedLeaderStepsDown(t *testing.T) {
 	t.Logf("old leader after waking: role %s, term %d", st.Role, st.Term)
 }
 
+// TestPausedLeaderAnswersNoStaleRead: a leader paused (SIGSTOP) while
+// writes stream through it, so that answers to its heartbeats and appends
+// wait in its sockets; the others elect a new leader, which acknowledges a
+// write W; reads sent to the paused leader wait in its sockets too. When it
+// resumes, each read must fail or see W: the old leader may not confirm
+// its leadership with the answers that waited for it (raft's VerifyLeader
+// counts any successful answer that arrives after it is asked, among them
+// answers to requests sent before the pause). Three rounds, each pausing
+// the leader of the moment.
+func TestPausedLeaderAnswersNoStaleRead(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 3*time.Minute)
+	for round := range 3 {
+		old := c.Leader(t)
+		ocl := c.Dial(t, old)
+		stop := make(chan struct{})
+		var wg sync.WaitGroup
+		for w := range 8 {
+			wg.Go(func() {
+				for i := 0; ; i++ {
+					select {
+					case <-stop:
+						return
+					default:
+					}
+					k := fmt.Sprintf("load/%d/%d", w, i%50)
+					if _, err := ocl.Put(ctx, []byte(k), []byte("x"), fencekv.WriteOptions{}); err != nil {
+						backoff(stop)
+					}
+				}
+			})
+		}
+		// Let the writes run, then pause the leader in the middle of them.
+		eventually(t, "writes through the leader", 10*time.Second, func() error {
+			e, err := ocl.Get(ctx, []byte("load/0/3"))
+			if err == nil && !e.Found {
+				err = errors.New("not yet")
+			}
+			return err
+		})
+		c.Pause(old)
+		fresh := []byte("fresh/" + strconv.Itoa(round))
+		ncl := c.Dial(t, c.Others(old)[0])
+		eventually(t, "a write acknowledged by a new leader", 30*time.Second, func() error {
+			_, err := ncl.Put(ctx, fresh, []byte("W"), fencekv.WriteOptions{})
+			return err
+		})
+		// Reads to the paused leader, each on a connection of its own.
+		type answer struct {
+			e   fencekv.Entry
+			err error
+		}
+		answers := make(chan answer, 32)
+		for range 32 {
+			rc := c.Dial(t, old)
+			go func() {
+				e, err := rc.Get(ctx, fresh)
+				answers <- answer{e, err}
+			}()
+		}
+		// The reads cannot be seen arriving at a stopped process; give
+		// them the time to reach its sockets.
+		time.Sleep(200 * time.Millisecond)
+		c.Resume(old)
+		stale, failed := 0, 0
+		var firstErr error
+		for range 32 {
+			a := <-answers
+			switch {
+			case a.err != nil:
+				failed++
+				firstErr = a.err
+			case !a.e.Found || string(a.e.Value) != "W":
+				stale++
+			}
+		}
+		close(stop)
+		wg.Wait()
+		if stale > 0 {
+			t.Fatalf("round %d: %d of 32 reads sent to the paused leader answered without the write a new leader acknowledged before them", round, stale)
+		}
+		t.Logf("round %d: 32 reads to the resumed old leader: %d failed (%v), %d saw the write", round, failed, firstErr, 32-failed)
+	}
+}
+
 // TestFollowerCatchesUp: a follower killed and restarted catches up with
 // what was written while it was down.
 func TestFollowerCatchesUp(t *testing.T) {

@@ -2,10 +2,14 @@ package cluster
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"sync"
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+	"github.com/hashicorp/raft"
 )
 
 // Linearizable reads (read index). The leader answers a read only after
@@ -13,10 +17,23 @@ import (
 //  1. it is the ready leader of its term (its rearm, and so everything
 //     committed before its term, is applied);
 //  2. a quorum round that started after the read arrived confirmed it is
-//     still the leader (raft's VerifyLeader: heartbeats, no log write). A
-//     paused old leader cannot pass it: a newer leader's term wins the
-//     quorum's answers. No clock-based lease is trusted;
+//     still the leader: a majority of the voters, itself counted, answered
+//     a request sent after the read arrived with a raft term no newer than
+//     its own (and it is still leader in that term after the answers). A
+//     newer leader needs the votes of a majority, which shares a voter
+//     with that one; that voter was still in an older term when it
+//     answered, so it voted for no newer leader before the read arrived,
+//     and no write a newer leader committed was acknowledged before it.
+//     A paused old leader cannot pass it: the answers come from requests
+//     it sends after it resumes. No clock-based lease is trusted;
 //  3. it has applied everything that was committed when the read arrived.
+//
+// The round asks each other voter for its term (the wire method term) over
+// the client protocol, on a connection kept to each. raft's VerifyLeader is
+// not used: it counts any successful answer that arrives after the round
+// is registered, among them answers to heartbeats and appends sent before
+// it, which a leader paused with them in flight finds waiting when it
+// resumes.
 //
 // Concurrent reads share rounds: a read joins the next round to start,
 // never one already in flight (which may predate it).
@@ -27,6 +44,16 @@ type verifier struct {
 	mu      sync.Mutex
 	waiting []chan error // reads waiting for the next round
 	running bool         // a goroutine runs rounds
+	peers   map[raft.ServerID]*peer
+	closed  bool
+}
+
+// peer is a connection to another voter's client address.
+type peer struct {
+	addr   string
+	c      *wire.Client
+	busy   bool // an ask is waiting for its answer (guarded by the verifier's mu)
+	broken bool // the ask's call failed: drop the connection
 }
 
 // verify waits for a confirmation round that starts after the call.
@@ -60,27 +87,209 @@ func (v *verifier) run() {
 			return
 		}
 		v.mu.Unlock()
-		var err error
-		if e := v.n.raft.VerifyLeader().Error(); e != nil {
-			err = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "leadership not confirmed: " + e.Error()}
-		}
+		err := v.round()
 		for _, ch := range batch {
 			ch <- err
 		}
 	}
 }
 
+// round asks the other voters for their terms, and returns nil once a
+// majority of the voters (this node counted) are in no newer term than
+// this leader's.
+func (v *verifier) round() error {
+	n := v.n
+	term := n.raft.CurrentTerm()
+	if n.raft.State() != raft.Leader {
+		return fmt.Errorf("this node is %s: %w", role(n.raft.State()), errDeposed)
+	}
+	f := n.raft.GetConfiguration()
+	if err := f.Error(); err != nil {
+		return err
+	}
+	var others []raft.ServerID
+	voters := 0
+	for _, s := range f.Configuration().Servers {
+		if s.Suffrage != raft.Voter {
+			continue
+		}
+		voters++
+		if string(s.ID) != n.cfg.Name {
+			others = append(others, s.ID)
+		}
+	}
+	need := voters/2 + 1 - (voters - len(others)) // this node's own vote counts
+	if need > 0 {
+		// Asks outlive a round that ends without them (each ends within
+		// the hold timeout), so the channel has room for all.
+		answers := make(chan error, len(others))
+		for _, id := range others {
+			go func() { answers <- v.ask(id, term) }()
+		}
+		var errs []error
+		for need > 0 {
+			err := <-answers
+			if err == nil {
+				need--
+				continue
+			}
+			errs = append(errs, err)
+			if len(others)-len(errs) < need {
+				return fmt.Errorf("%d of %d voters did not confirm: %w", len(errs), voters, errors.Join(errs...))
+			}
+		}
+	}
+	if now := n.raft.CurrentTerm(); now != term || n.raft.State() != raft.Leader {
+		return fmt.Errorf("the term moved from %d to %d: %w", term, now, errDeposed)
+	}
+	return nil
+}
+
+// errDeposed says a confirmation round found this node no longer leader,
+// or a newer term: a newer leader may exist, which the read goes to once
+// this node knows it.
+var errDeposed = errors.New("a newer term")
+
+// ask confirms term with voter id: its term, asked now, is no newer. A voter is asked once at a time: while an ask is
+// unanswered (the voter paused, say), later rounds count it as not
+// confirming instead of piling more asks on it; one unanswered for the
+// hold timeout drops the connection.
+func (v *verifier) ask(id raft.ServerID, term uint64) error {
+	p, err := v.peer(id)
+	if err != nil {
+		return err
+	}
+	defer v.done(id, p)
+	ctx, cancel := context.WithTimeout(context.Background(), v.n.cfg.HoldTimeout)
+	defer cancel()
+	if p.c == nil { // only the busy ask uses p.c
+		dial := v.n.cfg.Dial // TLS and the node's certificate, when the client port is TLS
+		if dial == nil {
+			dial = wire.Dial
+		}
+		c, err := dial(ctx, p.addr)
+		if err != nil {
+			p.broken = true
+			return fmt.Errorf("%s: %w", id, err)
+		}
+		v.mu.Lock()
+		p.c = c
+		closed := v.closed
+		v.mu.Unlock()
+		if closed {
+			return errClosed // done closes c
+		}
+	}
+	t, err := p.c.Term(ctx)
+	if err != nil {
+		p.broken = true
+		return fmt.Errorf("%s: %w", id, err)
+	}
+	if t > term {
+		return fmt.Errorf("%s is in term %d, after %d: %w", id, t, term, errDeposed)
+	}
+	return nil
+}
+
+// peer returns voter id's connection, dialing one to its client address
+// (gossip gives it) if there is none, marked busy; or an error if it is
+// busy with an earlier ask.
+func (v *verifier) peer(id raft.ServerID) (*peer, error) {
+	m, ok := v.n.mdel.meta(string(id))
+	if !ok || m.Client == "" {
+		return nil, fmt.Errorf("%s: gossip knows no address for it", id)
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if v.closed {
+		return nil, errClosed
+	}
+	p := v.peers[id]
+	if p != nil && p.busy {
+		return nil, fmt.Errorf("%s has not answered the last round yet", id)
+	}
+	if p != nil && p.addr != m.Client {
+		if p.c != nil {
+			p.c.Close()
+		}
+		p = nil
+	}
+	if p == nil {
+		p = &peer{addr: m.Client} // the ask dials
+		if v.peers == nil {
+			v.peers = make(map[raft.ServerID]*peer)
+		}
+		v.peers[id] = p
+	}
+	p.busy = true
+	return p, nil
+}
+
+// done ends an ask on p; a connection that failed is dropped, so the next
+// ask redials.
+func (v *verifier) done(id raft.ServerID, p *peer) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	p.busy = false
+	if p.broken || v.closed {
+		if p.c != nil {
+			p.c.Close()
+		}
+		if v.peers[id] == p {
+			delete(v.peers, id)
+		}
+	}
+}
+
+func (v *verifier) close() {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.closed = true
+	for id, p := range v.peers {
+		if p.c != nil && !p.busy { // a busy ask's done closes its own
+			p.c.Close()
+		}
+		delete(v.peers, id)
+	}
+}
+
 // readIndex returns once a read that arrived now may be answered from this
-// node's state, or errForward, or an error.
+// node's state, or errForward, or an error. A round that finds a newer
+// term waits for raft to step down (it learns the term from its own
+// traffic within a heartbeat or so), and the read then goes to the new
+// leader.
 func (n *Node) readIndex(ctx context.Context) error {
-	if _, err := n.awaitReady(ctx); err != nil {
-		return err
+	var deadline <-chan time.Time
+	for {
+		n.mu.Lock()
+		change := n.change
+		n.mu.Unlock()
+		if _, err := n.awaitReady(ctx); err != nil {
+			return err
+		}
+		index := n.raft.CommitIndex()
+		err := n.reads.verify(ctx)
+		if err == nil {
+			return n.awaitApplied(ctx, index)
+		}
+		if !errors.Is(err, errDeposed) {
+			return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "leadership not confirmed: " + err.Error()}
+		}
+		if deadline == nil {
+			t := time.NewTimer(n.cfg.HoldTimeout)
+			defer t.Stop()
+			deadline = t.C
+		}
+		select {
+		case <-change: // the leadership changed: look again
+		case <-deadline:
+			return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "leadership not confirmed: " + err.Error()}
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-n.stop:
+			return errClosed
+		}
 	}
-	index := n.raft.CommitIndex()
-	if err := n.reads.verify(ctx); err != nil {
-		return err
-	}
-	return n.awaitApplied(ctx, index)
 }
 
 // awaitApplied waits until this node has applied index.

@@ -383,7 +383,7 @@ func (c *Client) spawn(f func()) bool {
 // doubt.
 func reads(method string) bool {
 	switch method {
-	case "ping", "get", "scan", "lock_info", "locks", "status", "members", "refusals":
+	case "ping", "get", "scan", "lock_info", "locks", "status", "members", "term", "refusals":
 		return true
 	}
 	return false

@@ -30,6 +30,21 @@ func decodeNodeStatus(dec *msgpack.Decoder, k string, st *fencekv.Status) (err e
 	return err
 }
 
+// Term returns the raft term of the cluster node reached, as it is when
+// the node answers (0 for a single node).
+func (c *Client) Term(ctx context.Context) (uint64, error) {
+	var t uint64
+	err := c.do(ctx, "term", nil, func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+			if k != "term" {
+				return dec.Skip()
+			}
+			return decodeTo(dec, &t)
+		})
+	})
+	return t, err
+}
+
 // Members lists the nodes of the server's cluster (none for a single
 // node).
 func (c *Client) Members(ctx context.Context) ([]fencekv.Member, error) {

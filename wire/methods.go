@@ -20,7 +20,7 @@ type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
 // (scan pages, lock lists, values), so that one connection builds them one
 // at a time, each within its budget of unsent answers.
 var readOnly = map[string]bool{"ping": true, "get": true, "scan": true, "lock_info": true, "locks": true, "status": true,
-	"backup_read": true}
+	"term": true, "backup_read": true}
 
 // methods is the protocol: one entry per method of PROTOCOL.md.
 var methods = map[string]method{
@@ -38,6 +38,7 @@ var methods = map[string]method{
 	"locks":     locks,
 	"status":    status,
 	"members":   members,
+	"term":      term,
 	"refusals":  refusals,
 	"txn":       txn,
 	"auth":      authenticate, // auth.go
@@ -378,6 +379,25 @@ func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 	e.int("sync_us", st.SyncTime.Microseconds())
 	e.uint("checkpoints", st.Checkpoints)
 	e.int("checkpoint_us", st.CheckpointTime.Microseconds())
+	return nil
+}
+
+// termer is a cluster node: it knows its raft term.
+type termer interface {
+	Term() uint64
+}
+
+// term answers the node's raft term as it is now (0 on a single node). A
+// cluster's leader asks each voter for it before it answers a
+// linearizable read: a voter still in no newer term has voted for no newer
+// leader.
+func term(_ context.Context, eng Engine, _ *args, e *encoder) error {
+	var t uint64
+	if tm, ok := eng.(termer); ok {
+		t = tm.Term()
+	}
+	e.EncodeMapLen(1)
+	e.uint("term", t)
 	return nil
 }
 
