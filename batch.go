@@ -164,7 +164,7 @@ func (db *DB) commitNext() {
 			}
 			break
 		}
-		size += len(db.pending[n].cmd.Key) + len(db.pending[n].cmd.Value)
+		size += db.pending[n].cmd.Bytes()
 		n++
 	}
 	db.batch = append(db.batch[:0], db.pending[:n]...)
@@ -349,6 +349,13 @@ func (db *DB) inTurn(ctx context.Context, fn func() error) error {
 	return r.res.Err
 }
 
-// maxBatchBytes bounds the keys and values of one batch, and so the size of
-// its log record.
+// maxBatchBytes bounds the keys and values of one batch (a transaction's
+// ops counted), and so the size of its log record: a batch takes commands
+// while it holds less, so its record is at most this plus one command
+// (maxCommandBytes, Options.validate) plus the commands' headers, well
+// within wal.MaxRecord. A record over that would fail the store.
 const maxBatchBytes = 32 << 20
+
+// maxCommandBytes bounds the keys and values of one command, the largest
+// transaction the limits allow.
+const maxCommandBytes = 512 << 20

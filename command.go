@@ -59,6 +59,19 @@ type Command struct {
 	Ops      []TxnOp       // txn
 }
 
+// Bytes is how many bytes of keys and values c carries, a transaction's
+// ops and compares included: what batches and raft entries are bounded by.
+func (c *Command) Bytes() int {
+	n := len(c.Key) + len(c.Value) + len(c.Lock) + len(c.Lease.Name) + len(c.Lease.Holder)
+	for _, op := range c.Ops {
+		n += len(op.Key) + len(op.Value)
+	}
+	for _, cmp := range c.Compares {
+		n += len(cmp.Key)
+	}
+	return n
+}
+
 // TxnOp is one write of a transaction (Txn).
 type TxnOp struct {
 	Op    Op // OpPut, OpDelete or OpIncr

@@ -37,11 +37,13 @@ func (db *DB) commitBatch(batch []*request) {
 		return
 	}
 	var handed []handoff
+	logging := false // the batch's record is being written: it may reach the disk
 	err := safely(func() error {
 		var err error
 		if handed, err = db.applyBatch(batch); err != nil {
 			return err
 		}
+		logging = db.logged > 0
 		return db.writeRecord()
 	})
 	if err != nil {
@@ -50,8 +52,23 @@ func (db *DB) commitBatch(batch []*request) {
 		if errors.Is(err, errPanic) {
 			fail = errorf(CodeInternal, "the store failed: %v", err)
 		}
+		// A command applied in a batch whose record was written, whose
+		// sync then failed, may be in the log (in the page cache, say),
+		// and a restart replays it: its outcome is unknown, not "not
+		// applied" (a client that retried an incr on the latter would
+		// apply it twice). One the batch refused changes nothing either
+		// way.
+		unknown := fail
+		if logging {
+			unknown = errorf(fail.Code, "%s; the command may have been applied: its log record may have reached the disk, and a restart would replay it", fail.Message)
+			unknown.Outcome = OutcomeUnknown
+		}
 		for _, r := range batch {
-			r.res = Result{Err: fail}
+			if r.res.Err == nil {
+				r.res = Result{Err: unknown}
+			} else {
+				r.res = Result{Err: fail}
+			}
 			if r.waiter != nil {
 				db.m.leases.Cancel(r.waiter)
 				r.waiter = nil
@@ -59,7 +76,11 @@ func (db *DB) commitBatch(batch []*request) {
 			r.answer()
 		}
 		for _, h := range handed {
-			h.w.Finish(lease.Grant{}, fail)
+			if h.res.Err == nil {
+				h.w.Finish(lease.Grant{}, unknown)
+			} else {
+				h.w.Finish(lease.Grant{}, fail)
+			}
 		}
 		return
 	}

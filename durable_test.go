@@ -155,8 +155,9 @@ func TestG6FailedSync(t *testing.T) {
 	}
 	db.beforeSync = func() error { return errors.New("injected: disk gone") }
 	_, err = db.Put(ctx, []byte("k"), []byte("v2"), WriteOptions{Token: l.Token})
-	if !errors.Is(err, ErrUnavailable) {
-		t.Fatalf("put whose sync failed = %v; want unavailable", err)
+	var fe *Error
+	if !errors.Is(err, ErrUnavailable) || !errors.As(err, &fe) || fe.Outcome != OutcomeUnknown {
+		t.Fatalf("put whose sync failed = %v; want unavailable with an unknown outcome (its record was written: a restart may replay it)", err)
 	}
 	if e, err := db.Get(ctx, []byte("k")); err != nil || string(e.Value) != "v1" {
 		t.Fatalf("get after the failed sync = %q, %v; want v1", e.Value, err)

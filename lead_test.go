@@ -2,6 +2,9 @@ package fencekv
 
 import (
 	"context"
+	"fmt"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -90,5 +93,86 @@ func TestStartLed(t *testing.T) {
 		}
 	case <-time.After(10 * time.Second):
 		t.Fatal("no committer took the lead PassLead handed on")
+	}
+}
+
+// batchSizes records the number of commands of each commit.
+type batchSizes struct {
+	mu    sync.Mutex
+	sizes []int
+}
+
+func (b *batchSizes) Committed(n int, _ time.Duration) {
+	b.mu.Lock()
+	b.sizes = append(b.sizes, n)
+	b.mu.Unlock()
+}
+
+func (b *batchSizes) Checkpointed(time.Duration) {}
+
+// TestBatchCountsTxnBytes: a transaction's ops count towards the batch's
+// bytes. They once counted nothing, so a batch took up to MaxBatch
+// transactions of up to 1.5 MiB each: a log record past wal.MaxRecord
+// failed the store for every later write (found in review).
+func TestBatchCountsTxnBytes(t *testing.T) {
+	sizes := &batchSizes{}
+	o := DefaultOptions()
+	o.NoSync = true
+	o.Observer = sizes
+	db, err := Open(t.TempDir(), &o)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer db.Close()
+	ctx := context.Background()
+	res := make(chan Result, 1)
+	if !db.StartLed(ctx, Command{Op: OpPut, Key: []byte("first"), Value: []byte("v")}, WriteOptions{}, func(r Result) { res <- r }) {
+		t.Fatal("StartLed on an idle DB did not make the caller the leader")
+	}
+	const n = 100
+	value := make([]byte, o.MaxValueSize)
+	errs := make(chan error, n)
+	for i := range n {
+		go func() {
+			_, _, err := db.Txn(ctx, nil, []TxnOp{{Op: OpPut, Key: []byte(fmt.Sprintf("big/%d", i)), Value: value}}, WriteOptions{})
+			errs <- err
+		}()
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for queued(db) < n+1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("%d of %d transactions queued", queued(db)-1, n)
+		}
+		time.Sleep(time.Millisecond)
+	}
+	db.Lead()
+	if r := <-res; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	for range n {
+		if err := <-errs; err != nil {
+			t.Fatalf("txn: %v", err)
+		}
+	}
+	if _, err := db.Put(ctx, []byte("after"), []byte("v"), WriteOptions{}); err != nil {
+		t.Fatalf("put after the transactions: %v", err)
+	}
+	sizes.mu.Lock()
+	defer sizes.mu.Unlock()
+	most := maxBatchBytes/o.MaxValueSize + 1 // a batch takes commands while it holds less than maxBatchBytes
+	for _, s := range sizes.sizes {
+		if s > most {
+			t.Fatalf("batches of %v commands; a batch of 1 MiB transactions may hold %d", sizes.sizes, most)
+		}
+	}
+}
+
+// TestOptionsBoundOneCommand: limits that would let one transaction
+// outgrow a log record are refused at Open.
+func TestOptionsBoundOneCommand(t *testing.T) {
+	o := DefaultOptions()
+	o.MaxValueSize = 600 << 20
+	if _, err := Open(t.TempDir(), &o); err == nil || !strings.Contains(err.Error(), "for one command") {
+		t.Fatalf("Open with MaxValueSize 600 MiB: %v; want refused", err)
 	}
 }

@@ -86,6 +86,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("fencekv: MaxKeySize %d is over the storage's limit of %d bytes", o.MaxKeySize, kv.MaxKeySize)
 	case o.MaxValueSize > kv.MaxValueSize-o.MaxKeySize:
 		return fmt.Errorf("fencekv: MaxValueSize %d is over the storage's limit of %d bytes", o.MaxValueSize, kv.MaxValueSize-o.MaxKeySize)
+	case o.MaxTxnOps > maxCommandBytes || int64(o.MaxValueSize)+2*int64(o.MaxTxnOps)*int64(o.MaxKeySize) > maxCommandBytes:
+		// A transaction's ops and compares, in one log record with the
+		// rest of its batch, must fit a record (wal.MaxRecord).
+		return fmt.Errorf("fencekv: MaxValueSize %d plus MaxTxnOps %d keys of MaxKeySize %d, for ops and for compares, is over the limit of %d bytes for one command", o.MaxValueSize, o.MaxTxnOps, o.MaxKeySize, maxCommandBytes)
 	case o.MinTTL <= 0 || o.MaxTTL < o.MinTTL:
 		return fmt.Errorf("fencekv: bad TTL range %v..%v", o.MinTTL, o.MaxTTL)
 	case o.CheckpointEvery <= 0 || o.CheckpointBytes <= 0:

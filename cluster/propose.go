@@ -135,8 +135,8 @@ func (p *proposer) take() []*proposal {
 	n, cmds, size := 0, 0, 0
 	for n < len(p.queue) {
 		s := 0
-		for _, c := range p.queue[n].cmds {
-			s += len(c.Key) + len(c.Value)
+		for i := range p.queue[n].cmds {
+			s += p.queue[n].cmds[i].Bytes()
 		}
 		if n > 0 && (size+s > maxEntryBytes || cmds+len(p.queue[n].cmds) > p.n.opts.MaxBatch) {
 			break

@@ -295,7 +295,7 @@ func TestBackpressureWriteTimeout(t *testing.T) {
 	}
 }
 
-// gatedEngine holds every Put until gate is closed.
+// gatedEngine holds every Put and Txn until gate is closed.
 type gatedEngine struct {
 	*fencekv.DB
 	gate    chan struct{}
@@ -308,12 +308,30 @@ func (g *gatedEngine) Put(ctx context.Context, key, value []byte, w fencekv.Writ
 	return g.DB.Put(ctx, key, value, w)
 }
 
+func (g *gatedEngine) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencekv.TxnOp, w fencekv.WriteOptions) (fencekv.Revision, []fencekv.TxnResult, error) {
+	g.entered.Add(1)
+	<-g.gate
+	return g.DB.Txn(ctx, compares, ops, w)
+}
+
 // TestBackpressureWritesInFlight: writes in flight count their arguments
 // against the budget until they are applied, so a client that pipelines
-// large puts faster than they commit stops being read once they hold the
-// budget, instead of the server holding up to the in-flight limit (1024)
-// of their values.
+// large puts (or transactions: their ops once counted nothing) faster than
+// they commit stops being read once they hold the budget, instead of the
+// server holding up to the in-flight limit (1024) of their values.
 func TestBackpressureWritesInFlight(t *testing.T) {
+	value := bytes.Repeat([]byte("v"), 100<<10)
+	for method, params := range map[string]func(i int) map[string]any{
+		"put": func(i int) map[string]any { return map[string]any{"key": fmt.Sprint("p/", i), "value": value} },
+		"txn": func(i int) map[string]any {
+			return map[string]any{"ops": []any{map[string]any{"op": "put", "key": fmt.Sprint("t/", i), "value": value}}}
+		},
+	} {
+		t.Run(method, func(t *testing.T) { testWritesInFlight(t, method, params, len(value)) })
+	}
+}
+
+func testWritesInFlight(t *testing.T, method string, params func(i int) map[string]any, size int) {
 	const budget = 256 << 10
 	g := &gatedEngine{gate: make(chan struct{})}
 	ps := newPipeServerEngine(t, func(c *Config) { c.MaxPendingBytes = budget }, func(db *fencekv.DB) Engine {
@@ -324,31 +342,30 @@ func TestBackpressureWritesInFlight(t *testing.T) {
 	open := func() { once.Do(func() { close(g.gate) }) }
 	t.Cleanup(open)
 	pc, c := ps.dial(t)
-	// 20 puts of 100 KiB in one write, so that each has bytes behind it
+	// 20 writes of 100 KiB in one write, so that each has bytes behind it
 	// when read: all are served concurrently, none by the read loop.
-	value := bytes.Repeat([]byte("v"), 100<<10)
 	var all []byte
 	for i := range 20 {
-		all = append(all, marshalT(t, []any{0, i, "put", []any{map[string]any{"key": fmt.Sprint("p/", i), "value": value}}})...)
+		all = append(all, marshalT(t, []any{0, i, method, []any{params(i)}})...)
 	}
 	pc.reqs <- all
-	waitUntil(t, "three puts to reach the engine", func() bool { return g.entered.Load() >= 3 })
+	waitUntil(t, "three writes to reach the engine", func() bool { return g.entered.Load() >= 3 })
 	waitUntil(t, "the read loop to wait for room", func() bool {
 		_, _, _, waiting := c.state()
 		return waiting
 	})
 	pending, _, _, _ := c.state()
-	if n := g.entered.Load(); n != 3 || pending <= budget || pending > budget+int64(len(value))+1<<10 {
-		t.Fatalf("%d puts of %d bytes in the engine, %d bytes pending; want 3, just over the budget of %d", n, len(value), pending, budget)
+	if n := g.entered.Load(); n != 3 || pending <= budget || pending > budget+int64(size)+1<<10 {
+		t.Fatalf("%d %ss of %d bytes in the engine, %d bytes pending; want 3, just over the budget of %d", n, method, size, pending, budget)
 	}
 	open()
 	for range 20 {
 		if msg := pc.read(); msg[2] != nil {
-			t.Fatalf("put answered %v", msg)
+			t.Fatalf("%s answered %v", method, msg)
 		}
 	}
 	if n := g.entered.Load(); n != 20 {
-		t.Fatalf("%d puts applied; want 20", n)
+		t.Fatalf("%d %ss applied; want 20", n, method)
 	}
 	waitUntil(t, "nothing pending", func() bool {
 		pending, queued, flushing, _ := c.state()

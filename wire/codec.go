@@ -8,6 +8,7 @@ import (
 	"math"
 	"time"
 	"unicode/utf8"
+	"unsafe"
 
 	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
@@ -279,9 +280,17 @@ type args struct {
 	acquireOpts fencekv.AcquireOptions // what acquire passes the engine (methods.go)
 }
 
-// size is the memory the arguments hold: their bytes, plus the struct.
+// size is the memory the arguments hold: their bytes (a txn's ops and
+// compares too, each with its struct), plus the struct.
 func (a *args) size() int64 {
-	return int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)+len(a.name)+len(a.secret)) + entryOverhead
+	n := int64(len(a.key)+len(a.value)+len(a.prefix)+len(a.start)+len(a.lock)+len(a.holder)+len(a.name)+len(a.secret)) + entryOverhead
+	for _, op := range a.ops {
+		n += int64(len(op.Key)+len(op.Value)) + int64(unsafe.Sizeof(op))
+	}
+	for _, c := range a.compares {
+		n += int64(len(c.Key)) + int64(unsafe.Sizeof(c))
+	}
+	return n
 }
 
 // parseArgs decodes the params map into a, which is zero. Unknown fields
