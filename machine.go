@@ -309,6 +309,21 @@ func (m *Machine) Snapshot() (*Snapshot, error) {
 	return &Snapshot{Index: m.applied, Term: m.term, snap: s}, nil
 }
 
+// FileSnapshot is a consistent copy of the data file as it is now,
+// without a checkpoint first: it holds what was applied up to the last
+// Checkpoint (its Index and Term are left 0). Any goroutine may call it,
+// while the machine's owner goes on applying; Restore waits for it to be
+// closed.
+func (m *Machine) FileSnapshot() (*Snapshot, error) {
+	m.smu.RLock()
+	defer m.smu.RUnlock()
+	s, err := m.store.Snapshot()
+	if err != nil {
+		return nil, err
+	}
+	return &Snapshot{snap: s}, nil
+}
+
 // Snapshot is a consistent copy of a Machine's state.
 type Snapshot struct {
 	Index uint64 // the last log index it reflects

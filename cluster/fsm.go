@@ -135,25 +135,32 @@ func (f *fsm) appliedIndex() (uint64, <-chan struct{}) {
 	return f.applied, f.change
 }
 
-// Snapshot checkpoints the machine and returns its data file as of now.
+// Snapshot checkpoints the machine and returns a snapshot that reads the
+// data file only when raft persists it. Raft holds the FSMSnapshot while
+// it asks its main goroutine for the configuration, and that goroutine may
+// be waiting for this one (an install's Restore, or a full apply queue): a
+// bbolt read transaction held across that wait would stop a Restore (it
+// closes the file) or a checkpoint that grows the file, for good. Taken
+// at Persist, the file may hold entries applied after the snapshot's
+// index, never fewer: the machine skips entries at or below its own
+// applied index, so a node that installs it applies the rest once.
 func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
-	s, err := f.m.Snapshot()
-	if err != nil {
+	if err := f.m.Checkpoint(); err != nil {
 		return nil, err
 	}
 	f.sinceCkpt, f.lastCkpt = 0, time.Now()
 	// Nothing is applied while raft takes the snapshot: the published
-	// counters are the snapshot's (a backup reports them).
+	// counters are the snapshot's index's (a backup reports them; the
+	// file it persists may be newer).
 	var st fencekv.Status
 	if err := f.m.Counters(&st); err != nil {
-		s.Close()
 		return nil, err
 	}
 	f.smu.Lock()
 	f.snaps++
 	f.snapSt = st
 	f.smu.Unlock()
-	return &snapshot{s}, nil
+	return &snapshot{m: f.m}, nil
 }
 
 // lastSnapshot returns the number of snapshots taken and the counters of
@@ -178,15 +185,22 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 	return nil
 }
 
-// snapshot streams a machine snapshot to raft's snapshot store.
-type snapshot struct{ s *fencekv.Snapshot }
+// snapshot streams the machine's data file to raft's snapshot store,
+// reading it only when raft persists it (see Snapshot).
+type snapshot struct{ m *fencekv.Machine }
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
-	if _, err := s.s.WriteTo(sink); err != nil {
+	fs, err := s.m.FileSnapshot()
+	if err != nil {
+		sink.Cancel()
+		return err
+	}
+	defer fs.Close()
+	if _, err := fs.WriteTo(sink); err != nil {
 		sink.Cancel()
 		return err
 	}
 	return sink.Close()
 }
 
-func (s *snapshot) Release() { s.s.Close() }
+func (s *snapshot) Release() {}

@@ -1,6 +1,7 @@
 package cluster
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -225,4 +226,76 @@ func put(key, value string, token fencekv.Token) fencekv.Command {
 	c := fencekv.Command{Op: fencekv.OpPut, Key: []byte(key), Value: []byte(value)}
 	c.Write.Token = token
 	return c
+}
+
+// memSink is a raft.SnapshotSink in memory.
+type memSink struct{ bytes.Buffer }
+
+func (s *memSink) ID() string    { return "mem" }
+func (s *memSink) Cancel() error { return nil }
+func (s *memSink) Close() error  { return nil }
+
+func fileFSM(t *testing.T) *fsm {
+	t.Helper()
+	m, err := fencekv.OpenMachine(filepath.Join(t.TempDir(), fencekv.DataFile), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	return newFSM(m, slog.New(slog.DiscardHandler), nil)
+}
+
+func putEntry(index uint64, key string) *raft.Log {
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: fencekv.EncodeBatch([]fencekv.Command{put(key, "v", 0)})}
+}
+
+// TestFSMRestoreWithSnapshotPending: raft holds a snapshot of the FSM,
+// not yet persisted, while it waits for its main goroutine (for the
+// configuration), and that goroutine may be installing a snapshot from
+// the leader, waiting for the FSM's Restore. The FSM's snapshot must not
+// hold the data file meanwhile: it held a bbolt read transaction, which
+// Restore's close of the file waited for, and the node hung for good
+// (found in review). The snapshot persisted after the Restore holds the
+// restored state.
+func TestFSMRestoreWithSnapshotPending(t *testing.T) {
+	leader := fileFSM(t)
+	leader.ApplyBatch([]*raft.Log{putEntry(1, "a"), putEntry(2, "b"), putEntry(3, "c")})
+	ls, err := leader.Snapshot()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var image memSink
+	if err := ls.Persist(&image); err != nil {
+		t.Fatal(err)
+	}
+	ls.Release()
+
+	f := fileFSM(t)
+	f.ApplyBatch([]*raft.Log{putEntry(1, "a")})
+	pending, err := f.Snapshot() // raft's, before Persist
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer pending.Release()
+	done := make(chan error, 1)
+	go func() { done <- f.Restore(io.NopCloser(bytes.NewReader(image.Bytes()))) }()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("Restore waits for a snapshot raft has not persisted yet")
+	}
+	var out memSink
+	if err := pending.Persist(&out); err != nil {
+		t.Fatal(err)
+	}
+	check := fileFSM(t)
+	if err := check.Restore(io.NopCloser(bytes.NewReader(out.Bytes()))); err != nil {
+		t.Fatal(err)
+	}
+	if e, err := check.m.Get([]byte("c")); err != nil || !e.Found {
+		t.Fatalf("the snapshot persisted after the restore: c = %+v, %v; want the restored state", e, err)
+	}
 }
