@@ -50,9 +50,10 @@ type Machine struct {
 	leases *lease.Manager
 	opts   kv.Options
 
-	applied uint64 // the last log index published
-	term    uint64 // the term of the last rearm: expiries from an older term are ignored
-	failed  error  // set when a command failed in the storage or panicked
+	applied uint64                // the last log index published
+	term    uint64                // the term of the last rearm: expiries from an older term are ignored
+	failed  error                 // set when a command failed in the storage or panicked
+	shown   atomic.Pointer[error] // failed, for Failed from any goroutine
 
 	// Counted as commands are applied (replayed ones too), for metrics.
 	granted  atomic.Uint64 // acquires granted
@@ -126,6 +127,7 @@ func (m *Machine) open() error {
 		return fmt.Errorf("fencekv: open %s: %w", m.path, err)
 	}
 	m.store, m.applied, m.term, m.failed = store, marks.Applied, marks.Term, nil
+	m.shown.Store(nil)
 	return nil
 }
 
@@ -143,8 +145,14 @@ func (m *Machine) Applied() uint64 { return m.applied }
 // Term is the term of the last rearm applied.
 func (m *Machine) Term() uint64 { return m.term }
 
-// Failed returns the error that failed the machine, or nil.
-func (m *Machine) Failed() error { return m.failed }
+// Failed returns the error that failed the machine, or nil. Any
+// goroutine may call it.
+func (m *Machine) Failed() error {
+	if err := m.shown.Load(); err != nil {
+		return *err
+	}
+	return nil
+}
 
 // Apply applies c to the open batch and returns its result: a refusal is
 // Result.Err, and changes nothing. err is not nil when the machine failed
@@ -178,6 +186,7 @@ func (m *Machine) fail(err error) error {
 	m.store.Abort()
 	m.events = m.events[:0]
 	m.failed = err
+	m.shown.Store(&err)
 	return err
 }
 
@@ -367,8 +376,10 @@ func (m *Machine) restore(r io.Reader) error {
 	if err := m.open(); err != nil {
 		// The data file could not be opened again: the machine is
 		// failed, and reads fail too.
-		m.failed = errors.Join(rerr, err)
-		return m.failed
+		failed := errors.Join(rerr, err)
+		m.failed = failed
+		m.shown.Store(&failed)
+		return failed
 	}
 	return rerr
 }

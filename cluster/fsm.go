@@ -5,6 +5,7 @@ import (
 	"io"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -31,6 +32,12 @@ type fsm struct {
 	// freed receives the names of locks that a command freed (a release
 	// or an expiry), for the leader's hand-off to waiters.
 	freed func(name string)
+	// failed is called once, from ApplyBatch, when the machine has failed.
+	failed     func(error)
+	failedOnce sync.Once
+	// failNext, set by tests, fails the machine (on the FSM's goroutine,
+	// its owner) before the next batch, as a storage error would.
+	failNext atomic.Pointer[error]
 
 	mu      sync.Mutex
 	applied uint64        // guarded by mu: the last raft index applied
@@ -69,6 +76,9 @@ func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 // answers an error, and the machine stays failed.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 	out := make([]any, len(logs))
+	if err := f.failNext.Swap(nil); err != nil {
+		f.m.Fail(*err)
+	}
 	var last uint64
 	for i, l := range logs {
 		last = l.Index
@@ -76,6 +86,22 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 			continue // configuration entries change no state of ours; old entries are in the file
 		}
 		out[i] = f.applyEntry(l)
+	}
+	if err := f.m.Failed(); err != nil {
+		// The machine failed, in this batch or before it: it discarded
+		// what it had applied of the batch, so no result of it holds.
+		// None is answered as applied (the proposers answer an unknown
+		// outcome: the entries are committed, and the other nodes apply
+		// them), and the applied index stays where it was, so no read
+		// waits for it here.
+		err = fmt.Errorf("cluster: this node's state machine failed: %w", err)
+		for i := range out {
+			out[i] = err
+		}
+		if f.failed != nil {
+			f.failedOnce.Do(func() { f.failed(err) })
+		}
+		return out
 	}
 	if last > f.m.Applied() {
 		// Not for a batch replayed after a restart that the data file

@@ -119,14 +119,56 @@ func (n *Node) lead(ctx context.Context) {
 			}
 		}
 	}
+	if err := n.m.Failed(); err != nil {
+		n.abdicate(ctx)
+		return
+	}
 	n.log.Info("leading", "term", term)
 	n.setLeadership(true, term)
+	if n.m.Failed() != nil { // failed in between: machineFailed missed this leadership
+		n.setLeadership(false, 0)
+		n.abdicate(ctx)
+		return
+	}
 	var wg sync.WaitGroup
 	wg.Go(func() { n.expiryLoop(ctx, term) })
 	wg.Go(func() { n.handoffLoop(ctx, term) })
 	wg.Go(func() { n.reconcileLoop(ctx) })
 	wg.Wait()
 	n.setLeadership(false, 0)
+}
+
+// machineFailed runs once the state machine has failed (a storage error):
+// a node that cannot apply must not lead. Its reads would miss what it
+// commits, and its writes, which the other nodes apply, would be answered
+// with an unknown outcome. It stops serving as leader at once (requests
+// wait for a leader, then go to it) and hands the leadership over; it
+// forwards requests, and serves nothing from its own state, until it is
+// restarted. Called from raft's FSM goroutine.
+func (n *Node) machineFailed(err error) {
+	n.log.Error("the state machine failed: this node hands over the leadership and takes no part but forwarding until restarted", "err", err)
+	n.setLeadership(false, 0)
+	n.wg.Add(1)
+	go func() {
+		defer n.wg.Done()
+		n.abdicate(context.Background())
+	}()
+}
+
+// abdicate transfers the leadership away while this node holds it.
+func (n *Node) abdicate(ctx context.Context) {
+	for n.raft.State() == raft.Leader {
+		if err := n.raft.LeadershipTransfer().Error(); err != nil {
+			n.log.Warn("handing over the leadership of a node whose state machine failed", "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-n.stop:
+			return
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
 }
 
 // takeOver applies everything committed, then re-arms every lease.

@@ -129,6 +129,7 @@ func Open(cfg Config) (n *Node, err error) {
 		return nil, err
 	}
 	n.fsm = newFSM(n.m, n.log, n.freed)
+	n.fsm.failed = n.machineFailed
 
 	if err := n.startRaft(); err != nil {
 		return nil, err

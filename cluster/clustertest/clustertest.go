@@ -267,6 +267,10 @@ func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
 // A port it returned is never returned again in this process: until its
 // node binds it, it looks free (two nodes of one cluster were once given
 // the same port, one's client address the other's HTTP address).
+// FreeAddr returns a loopback address whose port is free for TCP and UDP
+// (and that it has not returned before), for a node started in-process.
+func FreeAddr(tb testing.TB) string { return freeAddr(tb) }
+
 func freeAddr(tb testing.TB) string {
 	tb.Helper()
 	lo, hi := fixedPorts()
