@@ -70,10 +70,12 @@ func (n *Node) LastContact() (time.Duration, bool) {
 // snapshot store, which also compacts the raft log), and the backup reads
 // that file.
 func (n *Node) Backup(ctx context.Context) (*fencekv.Backup, error) {
-	if err := n.catchUp(ctx); err != nil {
+	target, err := n.catchUp(ctx)
+	if err != nil {
 		return nil, err
 	}
-	for range 3 {
+	deadline := time.Now().Add(n.cfg.HoldTimeout)
+	for {
 		before, _ := n.fsm.lastSnapshot()
 		f := n.raft.Snapshot()
 		if err := f.Error(); err != nil {
@@ -87,40 +89,54 @@ func (n *Node) Backup(ctx context.Context) (*fencekv.Backup, error) {
 			return nil, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "backup: opening the raft snapshot: " + err.Error()}
 		}
 		after, st := n.fsm.lastSnapshot()
-		if after != before+1 {
-			// Raft took another snapshot between ours and reading its
-			// counters: take ours again.
+		switch {
+		case after == before+1 && meta.Index >= target:
+			return &fencekv.Backup{Index: meta.Index, LastToken: st.LastToken, Revision: st.Revision, Size: meta.Size, ReadCloser: rc}, nil
+		case time.Now().After(deadline):
 			rc.Close()
-			continue
+			return nil, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "backup: raft kept taking snapshots, or this node's state machine stayed behind; try again"}
 		}
-		return &fencekv.Backup{Index: meta.Index, LastToken: st.LastToken, Revision: st.Revision, Size: meta.Size, ReadCloser: rc}, nil
+		// Raft took another snapshot between ours and reading its
+		// counters, or the state machine had not applied what raft had
+		// handed it (a follower's raft counts entries applied once
+		// queued for the state machine, and took the snapshot first):
+		// take ours again.
+		rc.Close()
+		select {
+		case <-time.After(10 * time.Millisecond):
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
 	}
-	return nil, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "backup: raft kept taking snapshots; try again"}
 }
 
 // catchUp returns once this node has applied every write acknowledged
-// before the call.
-func (n *Node) catchUp(ctx context.Context) error {
+// before the call: on the leader, as for a linearizable read (it returns
+// 0); on another node, it asks the leader for its applied index (after a
+// linearizable read there) and waits for raft to have applied that much,
+// which it returns: the state machine may still have entries up to it
+// queued, so a snapshot must reach it (Backup).
+func (n *Node) catchUp(ctx context.Context) (uint64, error) {
 	err := n.readIndex(ctx)
 	var fw errForward
 	if !errors.As(err, &fw) {
-		return err
+		return 0, err
 	}
 	c, err := n.fwd.client(ctx, fw.addr)
 	if err != nil {
-		return err
+		return 0, err
 	}
 	// A linearizable read on the leader returns once it has applied
 	// everything committed when the read arrived; its applied index then
 	// covers every acknowledged write.
 	if _, err := c.LockInfo(ctx, "fencekv/backup"); err != nil {
-		return n.fwd.forwardError(c, err, false)
+		return 0, n.fwd.forwardError(c, err, false)
 	}
 	st, err := c.Status(ctx)
 	if err != nil {
-		return n.fwd.forwardError(c, err, false)
+		return 0, n.fwd.forwardError(c, err, false)
 	}
-	return n.awaitApplied(ctx, st.AppliedIndex)
+	return st.AppliedIndex, n.awaitApplied(ctx, st.AppliedIndex)
 }
 
 // seedState is a store restored from a backup (fencekv.Restore) that has
