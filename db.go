@@ -92,6 +92,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err := o.validate(); err != nil {
 		return nil, err
 	}
+	_, statErr := os.Stat(dir)
+	created := errors.Is(statErr, os.ErrNotExist)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fencekv: data dir: %w", err)
 	}
@@ -105,6 +107,20 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		m.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	// The files' names, when just created, must be durable before the
+	// first write acknowledged in them (G6): an fsync of a file does not
+	// promise its directory entry. (Nor the entry of a dir just created.)
+	if !o.NoSync {
+		err := wal.SyncDir(dir)
+		if err == nil && created {
+			err = wal.SyncDir(filepath.Dir(filepath.Clean(dir)))
+		}
+		if err != nil {
+			log.Close()
+			m.Close()
+			return nil, fmt.Errorf("fencekv: open: %w", err)
+		}
 	}
 	db := &DB{
 		opts:   o,

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wal"
 	"github.com/fencekv/fencekv/wire"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/memberlist"
@@ -90,6 +91,8 @@ func Open(cfg Config) (n *Node, err error) {
 	if err := cfg.validate(); err != nil {
 		return nil, err
 	}
+	_, statErr := os.Stat(cfg.Dir)
+	created := errors.Is(statErr, os.ErrNotExist)
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: data dir: %w", err)
 	}
@@ -131,7 +134,7 @@ func Open(cfg Config) (n *Node, err error) {
 	n.fsm = newFSM(n.m, n.log, n.freed)
 	n.fsm.failed = n.machineFailed
 
-	if err := n.startRaft(); err != nil {
+	if err := n.startRaft(created); err != nil {
 		return nil, err
 	}
 	closers = append(closers, closerFunc(func() error { return n.raft.Shutdown().Error() }), n.trans, n.logs, n.store)
@@ -180,7 +183,7 @@ func checkName(dir, name string) error {
 	return nil
 }
 
-func (n *Node) startRaft() error {
+func (n *Node) startRaft(created bool) error {
 	rc := raft.DefaultConfig()
 	rc.LocalID = raft.ServerID(n.cfg.Name)
 	rc.HeartbeatTimeout = n.cfg.HeartbeatTimeout
@@ -257,6 +260,21 @@ func (n *Node) startRaft() error {
 		n.logs.Close()
 		n.store.Close()
 		return fmt.Errorf("cluster: raft log cache: %w", err)
+	}
+	// The names of the files just created (the data file, raft.db with
+	// the term and vote, raft-log/) must be durable before raft
+	// acknowledges anything in them; so must a data dir just created.
+	if !n.cfg.Engine.NoSync {
+		err := wal.SyncDir(n.cfg.Dir)
+		if err == nil && created {
+			err = wal.SyncDir(filepath.Dir(filepath.Clean(n.cfg.Dir)))
+		}
+		if err != nil {
+			n.trans.Close()
+			n.logs.Close()
+			n.store.Close()
+			return fmt.Errorf("cluster: data dir: %w", err)
+		}
 	}
 	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
 	if err != nil {
