@@ -147,7 +147,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
 	db.lastCkpt = time.Now()
-	if err := m.EnableWatch(o.WatchHistory); err != nil {
+	if err := m.EnableWatch(o.WatchHistory, o.WatchHistoryBytes, o.MaxWatchers); err != nil {
 		m.Close()
 		log.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)

@@ -32,6 +32,10 @@ type Options struct {
 	MaxRefusals  int           // refused fenced writes the refusal log keeps
 	MaxTxnOps    int           // most ops (and most compares) in one txn
 	WatchHistory int           // events kept for watchers to resume from (the history window)
+	// WatchHistoryBytes bounds the keys and values of the history window:
+	// the oldest events go once the rest hold this much.
+	WatchHistoryBytes int
+	MaxWatchers       int // watchers at once, store-wide
 
 	// CheckpointEvery and CheckpointBytes say how often the data file is
 	// brought up to date with the write-ahead log (and the log emptied):
@@ -71,6 +75,9 @@ func DefaultOptions() Options {
 		MaxTxnOps:    128,
 		WatchHistory: 10_000,
 
+		WatchHistoryBytes: 64 << 20,
+		MaxWatchers:       4096,
+
 		CheckpointEvery: 200 * time.Millisecond,
 		CheckpointBytes: 16 << 20,
 	}
@@ -78,7 +85,8 @@ func DefaultOptions() Options {
 
 func (o *Options) validate() error {
 	switch {
-	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0, o.MaxTxnOps <= 0, o.WatchHistory <= 0:
+	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0, o.MaxTxnOps <= 0, o.WatchHistory <= 0,
+		o.WatchHistoryBytes <= 0, o.MaxWatchers <= 0:
 		return errors.New("fencekv: size limits must be positive")
 	case o.MaxKeySize > kv.MaxKeySize:
 		// A key or lock name the storage cannot hold would fail in the

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"unsafe"
 
 	"github.com/fencekv/fencekv/kv"
 )
@@ -137,6 +138,9 @@ type hub struct {
 	mu       sync.Mutex // guards all below
 	hist     []Event    // ring of the latest events
 	head, n  int        // oldest event at hist[head]; n events held
+	bytes    int        // the keys and values of the events held
+	maxBytes int        // past this, the oldest events go
+	maxW     int        // most watchers at once
 	floor    Revision   // every event at or after floor is held
 	lastRev  Revision   // the revision of the last event published (floor-1 before any)
 	seq      uint64     // events published so far; the last one is number seq
@@ -154,8 +158,8 @@ type batch struct {
 	events []Event
 }
 
-func newHub(size int, next Revision) *hub {
-	h := &hub{hist: make([]Event, max(size, 1)), floor: next, lastRev: next - 1, watchers: map[*Watcher]struct{}{},
+func newHub(size, maxBytes, maxWatchers int, next Revision) *hub {
+	h := &hub{hist: make([]Event, max(size, 1)), maxBytes: maxBytes, maxW: maxWatchers, floor: next, lastRev: next - 1, watchers: map[*Watcher]struct{}{},
 		wake: make(chan struct{}, 1), done: make(chan struct{})}
 	go h.dispatch()
 	return h
@@ -174,15 +178,20 @@ func (h *hub) publish(es []Event) (kept bool) {
 		return false
 	}
 	for _, e := range es {
-		if h.n == len(h.hist) {
+		size := eventBytes(&e)
+		for h.n == len(h.hist) || (h.n > 0 && h.bytes+size > h.maxBytes) {
 			// Evict the oldest: events of its revision are no longer
 			// all held.
-			h.floor = max(h.floor, h.hist[h.head].Revision+1)
+			old := &h.hist[h.head]
+			h.floor = max(h.floor, old.Revision+1)
+			h.bytes -= eventBytes(old)
+			*old = Event{} // let its bytes go
 			h.head = (h.head + 1) % len(h.hist)
 			h.n--
 		}
 		h.hist[(h.head+h.n)%len(h.hist)] = e
 		h.n++
+		h.bytes += size
 	}
 	first := h.seq + 1
 	h.seq += uint64(len(es))
@@ -197,6 +206,17 @@ func (h *hub) publish(es []Event) (kept bool) {
 	}
 	return true
 }
+
+// eventBytes is what an event holds in the history: its key and value,
+// and the struct.
+func eventBytes(e *Event) int {
+	return len(e.Key) + len(e.Value) + len(e.Lock) + int(unsafe.Sizeof(*e))
+}
+
+// replayBytes bounds one batch of a replay: a replay of the whole history
+// goes out as several notifications, each checked against the
+// connection's pending budget.
+const replayBytes = 1 << 20
 
 // dispatch hands queued batches to the watchers until the hub closes. A
 // watcher whose buffer is full is cancelled.
@@ -243,6 +263,9 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 	if h.closed {
 		return nil, errClosed
 	}
+	if len(h.watchers) >= h.maxW {
+		return nil, errorf(CodeLimitExceeded, "%d watchers already, the most the store serves at once", len(h.watchers))
+	}
 	// It has seen every event published so far (by the replay, or by
 	// starting from now); the dispatcher hands it the later ones.
 	w := &Watcher{o: o, ch: make(chan []Event, o.Buffer), h: h, after: h.seq, rev: h.lastRev}
@@ -251,14 +274,30 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 			return nil, &Error{Code: CodeCompacted, Revision: h.floor,
 				Message: fmt.Sprintf("revision %d is no longer kept; the oldest kept is %d", o.StartRevision, h.floor)}
 		}
+		// In batches of about replayBytes. The whole history is at most
+		// WatchHistoryBytes, so the batches fit a buffer of the default
+		// size; a smaller buffer may not take them: the watch is refused
+		// as too slow from the start.
 		var replay []Event
+		size := 0
 		for i := range h.n {
 			e := &h.hist[(h.head+i)%len(h.hist)]
-			if e.Revision >= o.StartRevision && w.wants(e) {
-				replay = append(replay, *e)
+			if e.Revision < o.StartRevision || !w.wants(e) {
+				continue
+			}
+			replay = append(replay, *e)
+			if size += eventBytes(e); size >= replayBytes {
+				if len(w.ch) == cap(w.ch) {
+					return nil, errorf(CodeLimitExceeded, "the replay from revision %d is over the watcher's buffer", o.StartRevision)
+				}
+				w.ch <- replay
+				replay, size = nil, 0
 			}
 		}
 		if len(replay) > 0 {
+			if len(w.ch) == cap(w.ch) {
+				return nil, errorf(CodeLimitExceeded, "the replay from revision %d is over the watcher's buffer", o.StartRevision)
+			}
 			w.ch <- replay
 		}
 	}
@@ -331,14 +370,16 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 	}
 }
 
-// EnableWatch starts keeping the latest history events for watchers, from
-// the machine's current revision on. Call it once, before applying.
-func (m *Machine) EnableWatch(history int) error {
+// EnableWatch starts keeping the latest history events (and at most
+// about historyBytes of their keys and values) for watchers, from the
+// machine's current revision on, and serves at most maxWatchers at once.
+// Call it once, before applying.
+func (m *Machine) EnableWatch(history, historyBytes, maxWatchers int) error {
 	var st Status
 	if err := m.Counters(&st); err != nil {
 		return err
 	}
-	m.hub = newHub(history, st.Revision+1)
+	m.hub = newHub(history, historyBytes, maxWatchers, st.Revision+1)
 	m.sink = m.hub.publish
 	return nil
 }
@@ -359,7 +400,7 @@ func (m *Machine) resetWatch() {
 		return
 	}
 	m.hub.close()
-	m.EnableWatch(len(m.hub.hist))
+	m.EnableWatch(len(m.hub.hist), m.hub.maxBytes, m.hub.maxW)
 }
 
 func (m *Machine) closeWatch() {

@@ -172,3 +172,68 @@ func TestWatchSlowCancelled(t *testing.T) {
 		t.Fatalf("slow watcher: %d batches, then %v; want its buffer's 4 (or a few more read while it was cancelled) and ErrWatchCancelled", n, w.Err())
 	}
 }
+
+// TestWatchLimits: the history window is bounded by bytes as well as
+// events (it kept up to 10,000 values of up to 1 MiB: 10 GiB), a replay
+// goes out in batches of about 1 MiB (it was one batch, one notification,
+// of the whole window), and the store serves at most MaxWatchers watchers
+// at once (found in review).
+func TestWatchLimits(t *testing.T) {
+	db := openDB(t, "", fencekvtest.NewClock(), func(o *fencekv.Options) {
+		o.WatchHistoryBytes = 3 << 20
+		o.MaxWatchers = 3
+	})
+	ctx := context.Background()
+	value := make([]byte, 400<<10)
+	for range 20 {
+		if _, err := db.Put(ctx, []byte("k"), value, fencekv.WriteOptions{}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	_, err := db.Watch(ctx, fencekv.WatchOptions{StartRevision: 1})
+	var fe *fencekv.Error
+	if !errors.As(err, &fe) || fe.Code != fencekv.CodeCompacted {
+		t.Fatalf("watch from revision 1 of 20 puts of 400 KiB in a window of 3 MiB: %v; want compacted", err)
+	}
+	kept := 20 - int(fe.Revision) + 1
+	if kept < 6 || kept > 7 {
+		t.Fatalf("the window keeps revisions %d-20 (%d puts of 400 KiB); want about 3 MiB of them", fe.Revision, kept)
+	}
+	w, err := db.Watch(ctx, fencekv.WatchOptions{StartRevision: fe.Revision})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	batches, events := 0, 0
+	for events < kept {
+		es := <-w.Events()
+		batches++
+		for _, e := range es {
+			if e.Revision != fe.Revision+fencekv.Revision(events) || len(e.Value) != len(value) {
+				t.Fatalf("replayed event %d: revision %d, %d bytes", events, e.Revision, len(e.Value))
+			}
+			events++
+		}
+	}
+	if batches < 2 {
+		t.Fatalf("a replay of %d events of 400 KiB came in %d batch; want batches of about 1 MiB", kept, batches)
+	}
+	w2, err := db.Watch(ctx, fencekv.WatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w3, err := db.Watch(ctx, fencekv.WatchOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w3.Close()
+	if _, err := db.Watch(ctx, fencekv.WatchOptions{}); !errors.As(err, &fe) || fe.Code != fencekv.CodeLimitExceeded {
+		t.Fatalf("a fourth watcher with MaxWatchers 3: %v; want limit_exceeded", err)
+	}
+	w2.Close()
+	w4, err := db.Watch(ctx, fencekv.WatchOptions{})
+	if err != nil {
+		t.Fatalf("a watcher after one of the three closed: %v", err)
+	}
+	w4.Close()
+}

@@ -128,7 +128,7 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	closers = append(closers, n.m)
 	n.m.LogUpgrade(n.log)
-	if err := n.m.EnableWatch(cfg.Engine.WatchHistory); err != nil {
+	if err := n.m.EnableWatch(cfg.Engine.WatchHistory, cfg.Engine.WatchHistoryBytes, cfg.Engine.MaxWatchers); err != nil {
 		return nil, err
 	}
 	n.fsm = newFSM(n.m, n.log, n.freed)

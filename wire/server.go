@@ -59,6 +59,10 @@ type Config struct {
 	// writes are applied. One answer larger than the budget is still sent:
 	// the budget only stops the reading.
 	MaxPendingBytes int
+	// MaxWatches is the most watches one connection may have at once;
+	// more are refused with limit_exceeded (the store also bounds its
+	// watchers: fencekv.Options.MaxWatchers).
+	MaxWatches int
 	// WriteTimeout drops a connection whose peer does not read its
 	// responses for this long.
 	WriteTimeout time.Duration
@@ -97,6 +101,7 @@ func DefaultConfig() Config {
 		MaxConns:        10_000,
 		MaxInFlight:     1024,
 		MaxPendingBytes: 4 << 20,
+		MaxWatches:      64,
 		WriteTimeout:    30 * time.Second,
 		EventLoop:       true,
 	}
@@ -134,7 +139,7 @@ type Server struct {
 
 // NewServer returns a server for eng.
 func NewServer(eng Engine, cfg Config) (*Server, error) {
-	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.MaxPendingBytes <= 0 || cfg.WriteTimeout <= 0 {
+	if cfg.MaxMessageSize <= 0 || cfg.MaxConns <= 0 || cfg.MaxInFlight <= 0 || cfg.MaxPendingBytes <= 0 || cfg.MaxWatches <= 0 || cfg.WriteTimeout <= 0 {
 		return nil, errors.New("wire: limits must be positive")
 	}
 	if cfg.TLS != nil {

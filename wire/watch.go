@@ -2,6 +2,7 @@ package wire
 
 import (
 	"context"
+	"fmt"
 	"sync"
 
 	"github.com/fencekv/fencekv"
@@ -35,6 +36,12 @@ func (c *conn) watch(a *args, e *encoder) (start func(), err error) {
 	we, ok := c.s.eng.(watchEngine)
 	if !ok {
 		return nil, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: "this server has no watch"}
+	}
+	c.ws.mu.Lock()
+	n := len(c.ws.all)
+	c.ws.mu.Unlock()
+	if n >= c.s.cfg.MaxWatches {
+		return nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded, Message: fmt.Sprintf("this connection has %d watches, the most it may have (--max-watches)", n)}
 	}
 	w, err := we.Watch(c.base, fencekv.WatchOptions{Prefix: a.prefix, Locks: a.locks, StartRevision: fencekv.Revision(a.startRev)})
 	if err != nil {

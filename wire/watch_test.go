@@ -74,3 +74,33 @@ func TestWatchNotifications(t *testing.T) {
 		t.Fatalf("replay from revision 3: %v; want 3 events", evs)
 	}
 }
+
+// TestWatchesPerConnection: a connection may hold at most MaxWatches
+// watches (each costs a goroutine and a buffer; there was no bound):
+// another is refused limit_exceeded, one freed by unwatch can be taken
+// again, and another connection has its own.
+func TestWatchesPerConnection(t *testing.T) {
+	ts := startServer(t, func(_ *fencekv.Options, c *wire.Config) { c.MaxWatches = 2 })
+	raw := dialRaw(t, ts.Addr)
+	var ids []any
+	for i := range 2 {
+		r := raw.call(uint64(i+1), "watch", map[string]any{"prefix": "w/"})
+		if r.err != nil {
+			t.Fatalf("watch %d: %+v", i+1, r.err)
+		}
+		ids = append(ids, r.res["watch_id"])
+	}
+	if r := raw.call(3, "watch", map[string]any{"prefix": "w/"}); r.code() != "limit_exceeded" {
+		t.Fatalf("a third watch with --max-watches 2: %+v; want limit_exceeded", r)
+	}
+	other := dialRaw(t, ts.Addr)
+	if r := other.call(1, "watch", map[string]any{"prefix": "w/"}); r.err != nil {
+		t.Fatalf("a watch on another connection: %+v", r.err)
+	}
+	if r := raw.call(4, "unwatch", map[string]any{"watch_id": ids[0]}); r.err != nil {
+		t.Fatalf("unwatch: %+v", r.err)
+	}
+	if r := raw.call(5, "watch", map[string]any{"prefix": "w/"}); r.err != nil {
+		t.Fatalf("a watch after an unwatch: %+v", r.err)
+	}
+}

@@ -44,6 +44,8 @@ Example:
 			&cli.IntFlag{Name: "max-conns", Value: w.MaxConns, EnvVars: env("MAX_CONNS"), Usage: "most client connections at once"},
 			&cli.IntFlag{Name: "max-in-flight", Value: w.MaxInFlight, EnvVars: env("MAX_IN_FLIGHT"), Usage: "most pending requests per connection"},
 			&cli.IntFlag{Name: "max-pending-bytes", Value: w.MaxPendingBytes, EnvVars: env("MAX_PENDING_BYTES"), Usage: "unsent answers per connection, in bytes, past which its requests are not read until the client reads"},
+			&cli.IntFlag{Name: "max-watches", Value: w.MaxWatches, EnvVars: env("MAX_WATCHES"), Usage: "most watches per connection"},
+			&cli.IntFlag{Name: "max-watchers", Value: d.MaxWatchers, EnvVars: env("MAX_WATCHERS"), Usage: "most watches at once, store-wide"},
 			&cli.BoolFlag{Name: "event-loop", Value: w.EventLoop, EnvVars: env("EVENT_LOOP"), Usage: "serve plain TCP connections of a single node from one epoll event loop (Linux); false: a goroutine per connection"},
 			&cli.IntFlag{Name: "max-waiters", Value: d.MaxWaiters, EnvVars: env("MAX_WAITERS"), Usage: "most callers queued for locks"},
 			&cli.DurationFlag{Name: "min-ttl", Value: d.MinTTL, EnvVars: env("MIN_TTL"), Usage: "shortest lease"},
@@ -67,6 +69,7 @@ Example:
 			o.MaxKeySize = c.Int("max-key-size")
 			o.MaxValueSize = c.Int("max-value-size")
 			o.MaxWaiters = c.Int("max-waiters")
+			o.MaxWatchers = c.Int("max-watchers")
 			o.MinTTL = c.Duration("min-ttl")
 			o.MaxTTL = c.Duration("max-ttl")
 			wc := wire.DefaultConfig()
@@ -75,6 +78,7 @@ Example:
 			wc.MaxConns = c.Int("max-conns")
 			wc.MaxInFlight = c.Int("max-in-flight")
 			wc.MaxPendingBytes = c.Int("max-pending-bytes")
+			wc.MaxWatches = c.Int("max-watches")
 			wc.EventLoop = c.Bool("event-loop")
 			// TLS and auth (security.go).
 			sec, err := serverSecurityOf(c, c.String("node") != "")
