@@ -42,8 +42,8 @@ import (
 type verifier struct {
 	n       *Node
 	mu      sync.Mutex
-	waiting []chan error // reads waiting for the next round
-	running bool         // a goroutine runs rounds
+	waiting []chan confirmed // reads waiting for the next round
+	running bool             // a goroutine runs rounds
 	peers   map[raft.ServerID]*peer
 	closed  bool
 }
@@ -56,9 +56,16 @@ type peer struct {
 	broken bool // the ask's call failed: drop the connection
 }
 
-// verify waits for a confirmation round that starts after the call.
-func (v *verifier) verify(ctx context.Context) error {
-	ch := make(chan error, 1)
+// confirmed is a round's outcome: the term it confirmed, or why not.
+type confirmed struct {
+	term uint64
+	err  error
+}
+
+// verify waits for a confirmation round that starts after the call, and
+// returns the term it confirmed.
+func (v *verifier) verify(ctx context.Context) (uint64, error) {
+	ch := make(chan confirmed, 1)
 	v.mu.Lock()
 	v.waiting = append(v.waiting, ch)
 	if !v.running {
@@ -68,10 +75,10 @@ func (v *verifier) verify(ctx context.Context) error {
 	}
 	v.mu.Unlock()
 	select {
-	case err := <-ch:
-		return err
+	case c := <-ch:
+		return c.term, c.err
 	case <-ctx.Done():
-		return ctx.Err()
+		return 0, ctx.Err()
 	}
 }
 
@@ -87,25 +94,25 @@ func (v *verifier) run() {
 			return
 		}
 		v.mu.Unlock()
-		err := v.round()
+		term, err := v.round()
 		for _, ch := range batch {
-			ch <- err
+			ch <- confirmed{term, err}
 		}
 	}
 }
 
-// round asks the other voters for their terms, and returns nil once a
-// majority of the voters (this node counted) are in no newer term than
-// this leader's.
-func (v *verifier) round() error {
+// round asks the other voters for their terms, and returns this leader's
+// term once a majority of the voters (this node counted) are in no newer
+// one.
+func (v *verifier) round() (uint64, error) {
 	n := v.n
 	term := n.raft.CurrentTerm()
 	if n.raft.State() != raft.Leader {
-		return fmt.Errorf("this node is %s: %w", role(n.raft.State()), errDeposed)
+		return 0, fmt.Errorf("this node is %s: %w", role(n.raft.State()), errDeposed)
 	}
 	f := n.raft.GetConfiguration()
 	if err := f.Error(); err != nil {
-		return err
+		return 0, err
 	}
 	var others []raft.ServerID
 	voters := 0
@@ -135,14 +142,14 @@ func (v *verifier) round() error {
 			}
 			errs = append(errs, err)
 			if len(others)-len(errs) < need {
-				return fmt.Errorf("%d of %d voters did not confirm: %w", len(errs), voters, errors.Join(errs...))
+				return 0, fmt.Errorf("%d of %d voters did not confirm: %w", len(errs), voters, errors.Join(errs...))
 			}
 		}
 	}
 	if now := n.raft.CurrentTerm(); now != term || n.raft.State() != raft.Leader {
-		return fmt.Errorf("the term moved from %d to %d: %w", term, now, errDeposed)
+		return 0, fmt.Errorf("the term moved from %d to %d: %w", term, now, errDeposed)
 	}
-	return nil
+	return term, nil
 }
 
 // errDeposed says a confirmation round found this node no longer leader,
@@ -150,10 +157,11 @@ func (v *verifier) round() error {
 // this node knows it.
 var errDeposed = errors.New("a newer term")
 
-// ask confirms term with voter id: its term, asked now, is no newer. A voter is asked once at a time: while an ask is
-// unanswered (the voter paused, say), later rounds count it as not
-// confirming instead of piling more asks on it; one unanswered for the
-// hold timeout drops the connection.
+// ask confirms term with voter id: its term, asked now, is no newer. A
+// voter is asked once at a time: while an ask is unanswered (the voter
+// paused, say), later rounds count it as not confirming instead of piling
+// more asks on it; one unanswered for the hold timeout drops the
+// connection.
 func (v *verifier) ask(id raft.ServerID, term uint64) error {
 	p, err := v.peer(id)
 	if err != nil {
@@ -264,11 +272,18 @@ func (n *Node) readIndex(ctx context.Context) error {
 		n.mu.Lock()
 		change := n.change
 		n.mu.Unlock()
-		if _, err := n.awaitReady(ctx); err != nil {
+		ready, err := n.awaitReady(ctx)
+		if err != nil {
 			return err
 		}
 		index := n.raft.CommitIndex()
-		err := n.reads.verify(ctx)
+		term, err := n.reads.verify(ctx)
+		if err == nil && term != ready {
+			// Confirmed as leader of a later term than the one it read
+			// the commit index in: another leader may have committed
+			// writes in between. Start again in the new term.
+			err = fmt.Errorf("ready in term %d, confirmed in %d: %w", ready, term, errDeposed)
+		}
 		if err == nil {
 			return n.awaitApplied(ctx, index)
 		}
