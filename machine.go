@@ -209,6 +209,17 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 	var expired Token
 	defer func() { m.recordEvents(tx, c, &r, expired) }()
 	leases := m.leases
+	if c.Term != 0 && c.Term < m.term && c.Op != OpExpire {
+		// A cluster leader's command from a term older than the last
+		// rearm: its leader went on stamping its old term (and its own
+		// clock, c.Now) for a moment after it lost the leadership, and
+		// won it back before its own rearm. Leases have since been
+		// re-armed on another leader's clock, against which c.Now means
+		// nothing: refused on every node alike. (A single node's
+		// commands carry no term. An old expiry is a no-op, below.)
+		r.Err = fence.Errorf(fence.CodeUnavailable, "proposed by the leader of term %d after a leader of term %d took over; not applied: retry", c.Term, m.term)
+		return r
+	}
 	switch c.Op {
 	case OpPut, OpDelete, OpCAS, OpIncr, OpTxn:
 		if c.Lock != "" {

@@ -299,3 +299,39 @@ func TestFSMRestoreWithSnapshotPending(t *testing.T) {
 		t.Fatalf("the snapshot persisted after the restore: c = %+v, %v; want the restored state", e, err)
 	}
 }
+
+// TestFSMOldTermCommandRefused: a command stamped with a term older than
+// the last rearm (its leader still stamping its old term, and its own
+// clock, after losing the leadership, and appending it once leader again
+// before its own rearm) is refused on every node, and changes nothing: it
+// could otherwise take a lock whose lease was re-armed on another clock
+// (found in review). Commands of the rearm's term, and a single node's
+// (no term), are applied.
+func TestFSMOldTermCommandRefused(t *testing.T) {
+	nodes := memGroup(t, 3)
+	l := memLeader(t, nodes)
+	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 1})
+	g := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
+	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 2, Now: time.Millisecond})
+	// Term 1's clock says the lease ran out long ago.
+	r := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Now: time.Hour, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
+	if !errors.Is(r.Err, fencekv.ErrUnavailable) {
+		t.Fatalf("an acquire of term 1 after the rearm of term 2 = %+v; want refused unavailable", r)
+	}
+	if r := propose(t, l, put("k", "old", 0), fencekv.Command{Op: fencekv.OpPut, Term: 1, Key: []byte("k"), Value: []byte("stale")})[1]; !errors.Is(r.Err, fencekv.ErrUnavailable) {
+		t.Fatalf("a put of term 1 after the rearm of term 2 = %+v; want refused", r)
+	}
+	if r := propose(t, l, fencekv.Command{Op: fencekv.OpPut, Term: 2, Key: []byte("k2"), Value: []byte("v")})[0]; r.Err != nil {
+		t.Fatalf("a put of term 2: %v", r.Err)
+	}
+	waitApplied(t, nodes, l.raft.LastIndex())
+	for _, nd := range nodes {
+		in, err := nd.m.LockInfo(500*time.Millisecond, "L")
+		if err != nil || !in.Held || in.Token != g.Grant.Token {
+			t.Errorf("%s: L = %+v, %v; want still held by %d", nd.id, in, err, g.Grant.Token)
+		}
+		if e, err := nd.m.Get([]byte("k")); err != nil || string(e.Value) != "old" {
+			t.Errorf("%s: k = %q, %v; want old", nd.id, e.Value, err)
+		}
+	}
+}

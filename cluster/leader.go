@@ -57,12 +57,15 @@ func (n *Node) watchLeadership() {
 		case <-n.stop:
 			return
 		case leader := <-n.notify:
+			// Whatever comes, the leadership this node had is over: no
+			// request may be served as its leader while its loops stop
+			// (machine.go refuses what still carries its term).
+			n.setLeadership(false, 0)
 			if stopLeading != nil {
 				stopLeading()
 				stopLeading = nil
 			}
 			if !leader {
-				n.setLeadership(false, 0)
 				n.drainWaiters(errLostLeadership)
 				continue
 			}
