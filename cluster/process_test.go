@@ -71,6 +71,18 @@ func eventually(t *testing.T, what string, within time.Duration, fn func() error
 	t.Fatalf("%s: still failing after %v: %v", what, within, err)
 }
 
+// eventuallyFound waits until a stale read of key through cl finds it.
+func eventuallyFound(t *testing.T, what string, cl *wire.Client, key string) {
+	t.Helper()
+	eventually(t, what, 30*time.Second, func() error {
+		e, err := cl.Get(fencekv.WithStaleReads(context.Background()), []byte(key))
+		if err == nil && !e.Found {
+			err = fmt.Errorf("%s not there yet", key)
+		}
+		return err
+	})
+}
+
 // TestFailoverKeepsEverything: under write and lock load, kill -9 of the
 // leader. A new leader serves; every acknowledged write and grant is
 // there; every token issued after the failover is above every token
@@ -478,13 +490,7 @@ func TestInterruptedSnapshotInstall(t *testing.T) {
 	}
 	f := c.Others(leader)[0]
 	fcl := dialEventually(t, c, f)
-	eventually(t, "the follower has k49", 30*time.Second, func() error {
-		e, err := fcl.Get(fencekv.WithStaleReads(ctx), []byte("k49"))
-		if err == nil && !e.Found {
-			err = errors.New("not yet")
-		}
-		return err
-	})
+	eventuallyFound(t, "the follower has k49", fcl, "k49")
 	c.Kill(f)
 	for i := 50; i < 200; i++ {
 		put(i)
@@ -612,13 +618,7 @@ func TestDeadNodeReapedAndRejoins(t *testing.T) {
 		return err
 	})
 	vcl := dialEventually(t, c, victim)
-	eventually(t, "the rejoined node has the data", 30*time.Second, func() error {
-		e, err := vcl.Get(fencekv.WithStaleReads(ctx), []byte("after-reap"))
-		if err == nil && !e.Found {
-			err = errors.New("not there yet")
-		}
-		return err
-	})
+	eventuallyFound(t, "the rejoined node has the data", vcl, "after-reap")
 }
 
 // backoff pauses a load worker after an error (its node may be dead), so
