@@ -183,8 +183,21 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 	if err := n.opts.CheckName(name); err != nil {
 		return fencekv.LockInfo{}, err
 	}
-	return read(ctx, n, func() (fencekv.LockInfo, error) { return n.m.LockInfo(n.now(), name) },
-		func(c *wire.Client) (fencekv.LockInfo, error) { return c.LockInfo(ctx, name) })
+	return read(ctx, n, func() (fencekv.LockInfo, error) {
+		now := n.now()
+		if !fencekv.StaleReads(ctx) && n.m.ExpiryDue(now, name) {
+			// A lease run out is reported free only once its expiry is
+			// committed: else a new leader would re-arm it with its full
+			// TTL, and a caller told it was free would find it held again
+			// by the same token. (The leader's expiry loop is about to
+			// propose it anyway.)
+			if _, err := n.propose(ctx, fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: name}}); err != nil {
+				return fencekv.LockInfo{}, err
+			}
+			now = n.now()
+		}
+		return n.m.LockInfo(now, name)
+	}, func(c *wire.Client) (fencekv.LockInfo, error) { return c.LockInfo(ctx, name) })
 }
 
 // Locks lists held locks.
