@@ -122,4 +122,4 @@ func (m *Machine) DueLocks(now time.Duration, max int) []string { return m.lease
 // applied and durable, a restart or a new leader re-arms the lease with
 // its full TTL, and the lock is held again.
 func (m *Machine) ExpiryDue(now time.Duration, name string) bool { return m.leases.IsDue(now, name) }
-func (m *Machine) Wake() <-chan struct{}                        { return m.leases.Wake() }
+func (m *Machine) Wake() <-chan struct{}                         { return m.leases.Wake() }
