@@ -115,11 +115,4 @@ func (m *Machine) QueuedLocks() []string { return m.leases.QueuedLocks() }
 // DueLocks names the locks due at now.
 func (m *Machine) NextDue() (time.Duration, bool)               { return m.leases.Arm() }
 func (m *Machine) DueLocks(now time.Duration, max int) []string { return m.leases.Due(now, max) }
-
-// ExpiryDue reports whether name's lease ran out (or its lock-delay ended)
-// by now without its expiry applied yet. A read that reports such a lock
-// free (or acquirable) says more than the state does: until the expiry is
-// applied and durable, a restart or a new leader re-arms the lease with
-// its full TTL, and the lock is held again.
-func (m *Machine) ExpiryDue(now time.Duration, name string) bool { return m.leases.IsDue(now, name) }
-func (m *Machine) Wake() <-chan struct{}                         { return m.leases.Wake() }
+func (m *Machine) Wake() <-chan struct{}                        { return m.leases.Wake() }

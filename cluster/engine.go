@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"strings"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -184,20 +185,32 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 		return fencekv.LockInfo{}, err
 	}
 	return read(ctx, n, func() (fencekv.LockInfo, error) {
-		now := n.now()
-		if !fencekv.StaleReads(ctx) && n.m.ExpiryDue(now, name) {
-			// A lease run out is reported free only once its expiry is
-			// committed: else a new leader would re-arm it with its full
-			// TTL, and a caller told it was free would find it held again
-			// by the same token. (The leader's expiry loop is about to
-			// propose it anyway.)
-			if _, err := n.propose(ctx, fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: name}}); err != nil {
-				return fencekv.LockInfo{}, err
-			}
-			now = n.now()
+		if err := n.commitDue(ctx, func(lock string) bool { return lock == name }); err != nil {
+			return fencekv.LockInfo{}, err
 		}
-		return n.m.LockInfo(now, name)
+		return n.m.LockInfo(n.now(), name)
 	}, func(c *wire.Client) (fencekv.LockInfo, error) { return c.LockInfo(ctx, name) })
+}
+
+// commitDue proposes, before a linearizable read reports on them, the
+// expiries due on the locks that match: a lease run out is reported free
+// (left out of a list) only once its expiry is committed, else a new
+// leader would re-arm it with its full TTL, and a caller told it was free
+// would find it held again by the same token. The leader's expiry loop is
+// about to propose them anyway; a stale read does not wait for them.
+func (n *Node) commitDue(ctx context.Context, match func(lock string) bool) error {
+	if fencekv.StaleReads(ctx) {
+		return nil
+	}
+	for _, lock := range n.m.DueLocks(n.now(), n.opts.MaxBatch) {
+		if !match(lock) {
+			continue
+		}
+		if _, err := n.propose(ctx, fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: lock}}); err != nil {
+			return err
+		}
+	}
+	return nil
 }
 
 // Locks lists held locks.
@@ -207,6 +220,9 @@ func (n *Node) Locks(ctx context.Context, prefix, start string, limit int) ([]fe
 		return nil, false, err
 	}
 	p, err := read(ctx, n, func() (page[fencekv.LockInfo], error) {
+		if err := n.commitDue(ctx, func(lock string) bool { return strings.HasPrefix(lock, prefix) && lock >= start }); err != nil {
+			return page[fencekv.LockInfo]{}, err
+		}
 		items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
 		return page[fencekv.LockInfo]{items, more}, err
 	}, func(c *wire.Client) (page[fencekv.LockInfo], error) {

@@ -110,15 +110,6 @@ func (m *Manager) Due(now time.Duration, max int) []string {
 	return m.idx.due(now, max)
 }
 
-// IsDue reports whether name has something due at now that its expiry
-// has not applied yet: a lease run out, or a lock-delay ended.
-func (m *Manager) IsDue(now time.Duration, name string) bool {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	it, ok := m.idx.byKey[name]
-	return ok && it.at <= now
-}
-
 // Held is the number of leases held (not expired, not released) as of the
 // last applied command. A lease whose deadline passed counts until its
 // expiry is applied.
