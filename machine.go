@@ -52,8 +52,7 @@ type Machine struct {
 
 	applied uint64                // the last log index published
 	term    uint64                // the term of the last rearm: expiries from an older term are ignored
-	failed  error                 // set when a command failed in the storage or panicked
-	shown   atomic.Pointer[error] // failed, for Failed from any goroutine
+	failed  atomic.Pointer[error] // set when a command failed in the storage or panicked (read from any goroutine: Failed)
 
 	// Counted as commands are applied (replayed ones too), for metrics.
 	granted  atomic.Uint64 // acquires granted
@@ -126,8 +125,8 @@ func (m *Machine) open() error {
 		store.Close()
 		return fmt.Errorf("fencekv: open %s: %w", m.path, err)
 	}
-	m.store, m.applied, m.term, m.failed = store, marks.Applied, marks.Term, nil
-	m.shown.Store(nil)
+	m.store, m.applied, m.term = store, marks.Applied, marks.Term
+	m.failed.Store(nil)
 	return nil
 }
 
@@ -148,7 +147,7 @@ func (m *Machine) Term() uint64 { return m.term }
 // Failed returns the error that failed the machine, or nil. Any
 // goroutine may call it.
 func (m *Machine) Failed() error {
-	if err := m.shown.Load(); err != nil {
+	if err := m.failed.Load(); err != nil {
 		return *err
 	}
 	return nil
@@ -159,8 +158,8 @@ func (m *Machine) Failed() error {
 // (now or before): then nothing of the open batch will ever be visible,
 // and the caller must fail the whole batch.
 func (m *Machine) Apply(c *Command) (res Result, err error) {
-	if m.failed != nil {
-		return Result{}, m.failed
+	if err := m.Failed(); err != nil {
+		return Result{}, err
 	}
 	defer func() {
 		if p := recover(); p != nil {
@@ -185,15 +184,14 @@ func (m *Machine) Apply(c *Command) (res Result, err error) {
 func (m *Machine) fail(err error) error {
 	m.store.Abort()
 	m.events = m.events[:0]
-	m.failed = err
-	m.shown.Store(&err)
+	m.failed.Store(&err)
 	return err
 }
 
 // Fail fails the machine from outside: the caller could not make the open
 // batch durable (its log failed). The batch is discarded.
 func (m *Machine) Fail(err error) {
-	if m.failed == nil {
+	if m.Failed() == nil {
 		m.fail(err)
 	}
 }
@@ -288,7 +286,7 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 // Publish ends the batch at log index: what it applied becomes visible to
 // readers. Call it only once the batch is durable.
 func (m *Machine) Publish(index uint64) {
-	if m.failed != nil {
+	if m.Failed() != nil {
 		return
 	}
 	m.store.Publish()
@@ -306,8 +304,8 @@ func (m *Machine) Publish(index uint64) {
 // Checkpoint writes every published batch to the data file, with the
 // applied index and term, and syncs it. Call it between batches.
 func (m *Machine) Checkpoint() error {
-	if m.failed != nil {
-		return m.failed
+	if err := m.Failed(); err != nil {
+		return err
 	}
 	if err := m.store.Checkpoint(kv.Marks{Applied: m.applied, Term: m.term}); err != nil {
 		return m.fail(fmt.Errorf("fencekv: checkpoint: %w", err))
@@ -365,7 +363,7 @@ func (s *Snapshot) Close() error { return s.snap.Close() }
 // refused, and the machine keeps its state. On success Applied and Term
 // are the snapshot's.
 func (m *Machine) Restore(r io.Reader) error {
-	if m.failed == nil {
+	if m.Failed() == nil {
 		// Keep what was published if the snapshot is refused.
 		if err := m.Checkpoint(); err != nil {
 			return err
@@ -388,8 +386,7 @@ func (m *Machine) restore(r io.Reader) error {
 		// The data file could not be opened again: the machine is
 		// failed, and reads fail too.
 		failed := errors.Join(rerr, err)
-		m.failed = failed
-		m.shown.Store(&failed)
+		m.failed.Store(&failed)
 		return failed
 	}
 	return rerr

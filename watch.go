@@ -278,6 +278,7 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 		// WatchHistoryBytes, so the batches fit a buffer of the default
 		// size; a smaller buffer may not take them: the watch is refused
 		// as too slow from the start.
+		var batches [][]Event
 		var replay []Event
 		size := 0
 		for i := range h.n {
@@ -287,18 +288,17 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 			}
 			replay = append(replay, *e)
 			if size += eventBytes(e); size >= replayBytes {
-				if len(w.ch) == cap(w.ch) {
-					return nil, errorf(CodeLimitExceeded, "the replay from revision %d is over the watcher's buffer", o.StartRevision)
-				}
-				w.ch <- replay
-				replay, size = nil, 0
+				batches, replay, size = append(batches, replay), nil, 0
 			}
 		}
 		if len(replay) > 0 {
-			if len(w.ch) == cap(w.ch) {
-				return nil, errorf(CodeLimitExceeded, "the replay from revision %d is over the watcher's buffer", o.StartRevision)
-			}
-			w.ch <- replay
+			batches = append(batches, replay)
+		}
+		if len(batches) > cap(w.ch) {
+			return nil, errorf(CodeLimitExceeded, "the replay from revision %d is %d batches, over the watcher's buffer of %d", o.StartRevision, len(batches), cap(w.ch))
+		}
+		for _, b := range batches {
+			w.ch <- b
 		}
 	}
 	h.watchers[w] = struct{}{}

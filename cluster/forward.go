@@ -34,16 +34,21 @@ func (f *forwarder) client(ctx context.Context, addr string) (*wire.Client, erro
 		f.c.Close()
 		f.c = nil
 	}
-	dial := f.n.cfg.Dial // TLS and the node's certificate, when the client port is TLS
-	if dial == nil {
-		dial = wire.Dial
-	}
-	c, err := dial(ctx, addr)
+	c, err := f.n.dial(ctx, addr)
 	if err != nil {
 		return nil, &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "cannot reach the leader: " + err.Error()}
 	}
 	f.c, f.addr = c, addr
 	return c, nil
+}
+
+// dial connects to another node's client address: with TLS and this
+// node's certificate, when the client port is TLS (Config.Dial).
+func (n *Node) dial(ctx context.Context, addr string) (*wire.Client, error) {
+	if n.cfg.Dial != nil {
+		return n.cfg.Dial(ctx, addr)
+	}
+	return wire.Dial(ctx, addr)
 }
 
 // leaderChanged drops the connection to a node that no longer leads:

@@ -56,14 +56,9 @@ func memGroup(t *testing.T, n int) []*memNode {
 
 func newMemNode(t *testing.T, i int) *memNode {
 	t.Helper()
-	m, err := fencekv.OpenMachine(filepath.Join(t.TempDir(), fencekv.DataFile), true)
-	if err != nil {
-		t.Fatal(err)
-	}
+	f := fileFSM(t)
 	_, trans := raft.NewInmemTransport(raft.ServerAddress("mem" + strconv.Itoa(i)))
-	nd := &memNode{id: raft.ServerID("n" + strconv.Itoa(i)), m: m, trans: trans}
-	nd.fsm = newFSM(m, slog.New(slog.DiscardHandler), nil)
-	return nd
+	return &memNode{id: raft.ServerID("n" + strconv.Itoa(i)), m: f.m, fsm: f, trans: trans}
 }
 
 func (nd *memNode) start(t *testing.T) {
@@ -84,10 +79,7 @@ func (nd *memNode) start(t *testing.T) {
 		t.Fatal(err)
 	}
 	nd.raft = r
-	t.Cleanup(func() {
-		r.Shutdown().Error()
-		nd.m.Close()
-	})
+	t.Cleanup(func() { r.Shutdown().Error() }) // before the machine closes (fileFSM's cleanup, registered first)
 }
 
 func memLeader(t *testing.T, nodes []*memNode) *memNode {
@@ -162,15 +154,23 @@ func TestFSMReplicates(t *testing.T) {
 	}
 }
 
-// TestFSMOldLeaderExpiryIgnored: an expiry proposed with the term of a
-// leader that has since been replaced (its rearm applied) changes nothing,
-// on every node, however late the time it carries.
-func TestFSMOldLeaderExpiryIgnored(t *testing.T) {
+// rearmedTwice is a group whose leader re-armed in term 1, granted lock L
+// (g) with a TTL of 1s, then re-armed in term 2, as a new leader would.
+func rearmedTwice(t *testing.T) ([]*memNode, *memNode, fencekv.Result) {
+	t.Helper()
 	nodes := memGroup(t, 3)
 	l := memLeader(t, nodes)
 	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 1})
 	g := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
 	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 2, Now: time.Millisecond})
+	return nodes, l, g
+}
+
+// TestFSMOldLeaderExpiryIgnored: an expiry proposed with the term of a
+// leader that has since been replaced (its rearm applied) changes nothing,
+// on every node, however late the time it carries.
+func TestFSMOldLeaderExpiryIgnored(t *testing.T) {
+	nodes, l, g := rearmedTwice(t)
 	r := propose(t, l, fencekv.Command{Op: fencekv.OpExpire, Term: 1, Now: time.Hour, Lease: fencekv.LeaseRequest{Name: "L"}})[0]
 	if !r.Noop {
 		t.Fatalf("old-term expiry = %+v; want a no-op", r)
@@ -308,11 +308,7 @@ func TestFSMRestoreWithSnapshotPending(t *testing.T) {
 // (found in review). Commands of the rearm's term, and a single node's
 // (no term), are applied.
 func TestFSMOldTermCommandRefused(t *testing.T) {
-	nodes := memGroup(t, 3)
-	l := memLeader(t, nodes)
-	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 1})
-	g := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
-	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 2, Now: time.Millisecond})
+	nodes, l, g := rearmedTwice(t)
 	// Term 1's clock says the lease ran out long ago.
 	r := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Now: time.Hour, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
 	if !errors.Is(r.Err, fencekv.ErrUnavailable) {

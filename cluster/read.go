@@ -171,11 +171,7 @@ func (v *verifier) ask(id raft.ServerID, term uint64) error {
 	ctx, cancel := context.WithTimeout(context.Background(), v.n.cfg.HoldTimeout)
 	defer cancel()
 	if p.c == nil { // only the busy ask uses p.c
-		dial := v.n.cfg.Dial // TLS and the node's certificate, when the client port is TLS
-		if dial == nil {
-			dial = wire.Dial
-		}
-		c, err := dial(ctx, p.addr)
+		c, err := v.n.dial(ctx, p.addr)
 		if err != nil {
 			p.broken = true
 			return fmt.Errorf("%s: %w", id, err)

@@ -220,10 +220,10 @@ func (c *Cluster) newNode(name string, extra []string) *Node {
 	nd := &Node{
 		Name:   name,
 		Dir:    filepath.Join(c.tb.TempDir(), name),
-		Client: freeAddr(c.tb),
-		Raft:   freeAddr(c.tb),
-		Gossip: freeAddr(c.tb),
-		HTTP:   freeAddr(c.tb),
+		Client: FreeAddr(c.tb),
+		Raft:   FreeAddr(c.tb),
+		Gossip: FreeAddr(c.tb),
+		HTTP:   FreeAddr(c.tb),
 		Extra:  extra,
 	}
 	if c.Faults != nil {
@@ -259,19 +259,16 @@ func (c *Cluster) Add(tb testing.TB, extra ...string) *Node {
 	return nd
 }
 
-// freeAddr returns a loopback address with a port free for TCP and UDP
+// FreeAddr returns a loopback address with a port free for TCP and UDP
 // (memberlist uses both). The port is below the kernel's ephemeral range,
 // so that no connection or listener on port 0, in this test or any other
 // process, is given it between now and when the node binds it (and binds
 // it again after a restart).
 // A port it returned is never returned again in this process: until its
 // node binds it, it looks free (two nodes of one cluster were once given
-// the same port, one's client address the other's HTTP address).
-// FreeAddr returns a loopback address whose port is free for TCP and UDP
-// (and that it has not returned before), for a node started in-process.
-func FreeAddr(tb testing.TB) string { return freeAddr(tb) }
-
-func freeAddr(tb testing.TB) string {
+// the same port, one's client address the other's HTTP address). Tests
+// that start nodes in-process use it too.
+func FreeAddr(tb testing.TB) string {
 	tb.Helper()
 	lo, hi := fixedPorts()
 	givenMu.Lock()
@@ -301,10 +298,10 @@ func freeAddr(tb testing.TB) string {
 
 var (
 	givenMu sync.Mutex
-	given   = map[int]bool{} // ports freeAddr returned
+	given   = map[int]bool{} // ports FreeAddr returned
 )
 
-// fixedPorts is the range freeAddr picks from: below the ephemeral ports
+// fixedPorts is the range FreeAddr picks from: below the ephemeral ports
 // (/proc/sys/net/ipv4/ip_local_port_range; 32768 by default).
 func fixedPorts() (lo, hi int) {
 	hi = 32768
