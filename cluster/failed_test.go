@@ -97,8 +97,12 @@ func TestFailedMachineHandsOverLeadership(t *testing.T) {
 		t.Fatalf("the write that met the failure: %v; want unavailable, outcome unknown", err)
 	}
 	leader := leaderOf(t, nodes, old)
-	if old.raft.State() == raft.Leader {
-		t.Fatalf("the failed node still leads (term %d)", old.raft.CurrentTerm())
+	// The old leader learns of the new term from the new leader's first
+	// message, a moment after the new one is ready.
+	for deadline := time.Now().Add(10 * time.Second); old.raft.State() == raft.Leader; time.Sleep(5 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the failed node still leads (term %d) while %s leads too", old.raft.CurrentTerm(), leader.cfg.Name)
+		}
 	}
 	// Through the failed node: forwarded to the new leader.
 	if _, err := old.Put(ctx, []byte("after"), []byte("v"), fencekv.WriteOptions{}); err != nil {
