@@ -231,7 +231,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lea
 // lockHeld describes why name cannot be acquired now, for a wait that ran
 // out.
 func (db *DB) lockHeld(name string) error {
-	in, err := db.LockInfo(context.Background(), name)
+	in, err := db.m.LockInfo(db.now(), name)
 	if err != nil {
 		return err
 	}
@@ -279,9 +279,20 @@ func (db *DB) Release(ctx context.Context, name string, token Token) error {
 // for how long more; or, if free, its latest token and any lock-delay left.
 type LockInfo = lease.Info
 
-// LockInfo describes the lock name now.
+// LockInfo describes the lock name now. If its lease has run out (or its
+// lock-delay ended) and the expiry loop has not applied that yet, LockInfo
+// applies it first, waiting for its commit, unless ctx is of
+// WithoutCommitWait: until it is applied the lock is reported held with no
+// time left, since a restart would give the lease its full TTL again.
 func (db *DB) LockInfo(ctx context.Context, name string) (LockInfo, error) {
 	if err := db.opts.CheckName(name); err != nil {
+		return LockInfo{}, err
+	}
+	in, err := db.m.LockInfo(db.now(), name)
+	if err != nil || !in.ExpiryPending() || noCommitWait(ctx) {
+		return in, err
+	}
+	if err := db.applyExpiries(ctx, []string{name}); err != nil {
 		return LockInfo{}, err
 	}
 	return db.m.LockInfo(db.now(), name)
@@ -292,6 +303,24 @@ func (db *DB) LockInfo(ctx context.Context, name string) (LockInfo, error) {
 func (db *DB) Locks(ctx context.Context, prefix, start string, limit int) (locks []LockInfo, more bool, err error) {
 	limit, err = db.opts.Limit(limit)
 	if err != nil {
+		return nil, false, err
+	}
+	locks, more, err = db.m.Locks(db.now(), prefix, start, limit, db.opts.MaxScanBytes)
+	if err != nil || noCommitWait(ctx) {
+		return locks, more, err
+	}
+	// As LockInfo: leases that ran out are left out once their expiries
+	// are applied.
+	var due []string
+	for _, in := range locks {
+		if in.ExpiryPending() {
+			due = append(due, in.Name)
+		}
+	}
+	if len(due) == 0 {
+		return locks, more, nil
+	}
+	if err := db.applyExpiries(ctx, due); err != nil {
 		return nil, false, err
 	}
 	return db.m.Locks(db.now(), prefix, start, limit, db.opts.MaxScanBytes)
@@ -365,6 +394,23 @@ type staleKey struct{}
 // current.
 func WithStaleReads(ctx context.Context) context.Context {
 	return context.WithValue(ctx, staleKey{}, true)
+}
+
+type noCommitWaitKey struct{}
+
+// WithoutCommitWait returns a context whose reads never wait for a commit,
+// for a caller that must not block, such as an event loop that leads its
+// own batches (StartLed). LockInfo and Locks then report a lease that ran
+// out, and whose expiry the expiry loop has not applied yet (a matter of
+// milliseconds), as held with no time left, instead of applying the expiry
+// first and reporting the lock free.
+func WithoutCommitWait(ctx context.Context) context.Context {
+	return context.WithValue(ctx, noCommitWaitKey{}, true)
+}
+
+func noCommitWait(ctx context.Context) bool {
+	v, _ := ctx.Value(noCommitWaitKey{}).(bool)
+	return v
 }
 
 // StaleReads reports whether ctx allows stale reads.

@@ -53,9 +53,15 @@ func (db *DB) expiryLoop() {
 // expireDue submits expire commands for what is due at now and waits for
 // them. It returns false when the DB is closing or failed.
 func (db *DB) expireDue(now time.Duration) bool {
-	names := db.m.leases.Due(now, db.opts.MaxBatch)
+	return db.applyExpiries(context.Background(), db.m.leases.Due(now, db.opts.MaxBatch)) == nil
+}
+
+// applyExpiries submits an expire command for each of the locks, in one
+// batch, and waits for them: it returns ctx's error if ctx ended before the
+// batch took them, a refusal (the DB is closing or failed), or nil.
+func (db *DB) applyExpiries(ctx context.Context, names []string) error {
 	if len(names) == 0 {
-		return true
+		return nil
 	}
 	reqs := make([]*request, len(names))
 	for i, name := range names {
@@ -66,12 +72,12 @@ func (db *DB) expireDue(now time.Duration) bool {
 			r.free()
 		}
 	}()
-	if err := db.submit(context.Background(), reqs...); err != nil {
-		return false
+	if err := db.submit(ctx, reqs...); err != nil {
+		return err
 	}
 	for i, r := range reqs {
 		if r.res.Err != nil {
-			return false
+			return r.res.Err
 		}
 		if !r.res.Noop {
 			// The audit trail (the wire server logs grants and releases):
@@ -80,7 +86,7 @@ func (db *DB) expireDue(now time.Duration) bool {
 			db.log.Debug("lock expiry applied", "lock", names[i], "freed", r.res.Freed)
 		}
 	}
-	return true
+	return nil
 }
 
 // drainWaiters fails every queued waiter. Called by Close once no one

@@ -8,6 +8,8 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -208,4 +210,111 @@ func TestOpenTwice(t *testing.T) {
 		t.Fatalf("second Open = %v; want ErrLocked", err)
 	}
 	put(t, db, "k", "still works", fencekv.WriteOptions{})
+}
+
+// TestRestartAfterLockInfo: what LockInfo reports over (a lease run out,
+// a lock-delay ended) stays over after a crash right after it: a restart
+// gives every lease not expired by an applied command its full TTL again
+// (G7), so a lease whose deadline passed but whose expiry is not applied
+// yet must not be reported free. LockInfo applies it first; a read that
+// may not wait (the wire event loop's) reports the lease held with no time
+// left instead. The crash is a copy of the files as they are at that
+// moment, as a kill -9 leaves them. The expiry loop applies the same
+// expiries at moments of its own: the rounds meet it at either side.
+func TestRestartAfterLockInfo(t *testing.T) {
+	for _, wait := range []bool{true, false} {
+		t.Run(fmt.Sprintf("wait=%v", wait), func(t *testing.T) {
+			ctx := context.Background()
+			if !wait {
+				ctx = fencekv.WithoutCommitWait(ctx)
+			}
+			for round := 0; round < 20; round++ {
+				dir, clock := t.TempDir(), fencekvtest.NewClock()
+				db := openDB(t, dir, clock, nil)
+				l := acquire(t, db, "L", time.Second, &fencekv.AcquireOptions{LockDelay: time.Second})
+				for _, step := range []string{"lease run out", "lock-delay ended"} {
+					clock.Advance(time.Second)
+					in, err := db.LockInfo(ctx, "L")
+					if err != nil {
+						t.Fatal(err)
+					}
+					crashed := t.TempDir()
+					copyFiles(t, dir, crashed)
+					after := lockInfo(t, openDB(t, crashed, fencekvtest.NewClock(), nil), "L")
+					if in.Token != l.Token || after.Token != l.Token {
+						t.Fatalf("round %d, %s: tokens %d then %d after a crash; want %d", round, step, in.Token, after.Token, l.Token)
+					}
+					free := func(in fencekv.LockInfo) bool { return !in.Held && in.Delay == 0 }
+					if !in.Held && after.Held || free(in) && !free(after) {
+						t.Fatalf("round %d, %s: LockInfo said %+v, and after a crash right after it %+v", round, step, in, after)
+					}
+					if wait && in.ExpiryPending() {
+						t.Fatalf("round %d, %s: LockInfo = %+v; want its expiry applied first", round, step, in)
+					}
+				}
+			}
+		})
+	}
+}
+
+// copyFiles copies the files of dir from into dir to.
+func copyFiles(t *testing.T, from, to string) {
+	t.Helper()
+	ents, err := os.ReadDir(from)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		if !e.Type().IsRegular() {
+			continue
+		}
+		b, err := os.ReadFile(filepath.Join(from, e.Name()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
+			t.Fatal(err)
+		}
+	}
+}
+
+// TestLockInfoWithoutCommitWait: a read with WithoutCommitWait never waits
+// for a commit, so a caller that holds the lead (StartLed, as the wire
+// event loop does in a round that started writes) may read a lock whose
+// expiry is pending: it is reported held with no time left, not free. The
+// expiry is pending for sure here: the expiry loop's command, if it has
+// sent it, waits behind the test's lead.
+func TestLockInfoWithoutCommitWait(t *testing.T) {
+	db, clock := newDB(t)
+	ctx := context.Background()
+	l := acquire(t, db, "L", time.Second, nil)
+	done := make(chan fencekv.Result, 1)
+	put := fencekv.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v")}
+	if !db.StartLed(ctx, put, fencekv.WriteOptions{}, func(r fencekv.Result) { done <- r }) {
+		t.Fatal("StartLed on an idle DB did not make the caller the leader")
+	}
+	clock.Advance(time.Second)
+	read := make(chan fencekv.LockInfo, 1)
+	go func() {
+		in, err := db.LockInfo(fencekv.WithoutCommitWait(ctx), "L")
+		if err != nil {
+			t.Error(err)
+		}
+		read <- in
+	}()
+	select {
+	case in := <-read:
+		if want := (fencekv.LockInfo{Name: "L", Held: true, Token: l.Token}); in != want || !in.ExpiryPending() {
+			t.Errorf("LockInfo with the expiry pending = %+v; want %+v", in, want)
+		}
+	case <-time.After(10 * time.Second):
+		t.Error("LockInfo waited for a commit while its caller leads")
+	}
+	db.Lead()
+	if r := <-done; r.Err != nil {
+		t.Fatal(r.Err)
+	}
+	if in := lockInfo(t, db, "L"); in.Held || in.ExpiryPending() {
+		t.Fatalf("LockInfo after the lead = %+v; want free", in)
+	}
 }

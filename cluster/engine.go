@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"strings"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -185,27 +184,27 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 		return fencekv.LockInfo{}, err
 	}
 	return read(ctx, n, func() (fencekv.LockInfo, error) {
-		if err := n.commitDue(ctx, func(lock string) bool { return lock == name }); err != nil {
+		in, err := n.m.LockInfo(n.now(), name)
+		if err != nil || !in.ExpiryPending() || fencekv.StaleReads(ctx) {
+			return in, err
+		}
+		if err := n.commitExpiries(ctx, []string{name}); err != nil {
 			return fencekv.LockInfo{}, err
 		}
 		return n.m.LockInfo(n.now(), name)
 	}, func(c *wire.Client) (fencekv.LockInfo, error) { return c.LockInfo(ctx, name) })
 }
 
-// commitDue proposes, before a linearizable read reports on them, the
-// expiries due on the locks that match: a lease run out is reported free
-// (left out of a list) only once its expiry is committed, else a new
-// leader would re-arm it with its full TTL, and a caller told it was free
-// would find it held again by the same token. The leader's expiry loop is
-// about to propose them anyway; a stale read does not wait for them.
-func (n *Node) commitDue(ctx context.Context, match func(lock string) bool) error {
-	if fencekv.StaleReads(ctx) {
-		return nil
-	}
-	for _, lock := range n.m.DueLocks(n.now(), n.opts.MaxBatch) {
-		if !match(lock) {
-			continue
-		}
+// commitExpiries proposes the expiries of locks that a linearizable read
+// found pending (a lease that ran out, a lock-delay that ended: see
+// LockInfo.ExpiryPending), and waits until they are applied, so that the
+// read reports them free rather than held with no time left. The leader's
+// expiry loop is about to propose them anyway; this only spares the reader
+// its latency. Until an expiry is committed the lock must be reported
+// held: a new leader would re-arm the lease with its full TTL. A stale read
+// does not wait for them.
+func (n *Node) commitExpiries(ctx context.Context, locks []string) error {
+	for _, lock := range locks {
 		if _, err := n.propose(ctx, fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: lock}}); err != nil {
 			return err
 		}
@@ -220,10 +219,23 @@ func (n *Node) Locks(ctx context.Context, prefix, start string, limit int) ([]fe
 		return nil, false, err
 	}
 	p, err := read(ctx, n, func() (page[fencekv.LockInfo], error) {
-		if err := n.commitDue(ctx, func(lock string) bool { return strings.HasPrefix(lock, prefix) && lock >= start }); err != nil {
+		items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
+		if err != nil || fencekv.StaleReads(ctx) {
+			return page[fencekv.LockInfo]{items, more}, err
+		}
+		var due []string
+		for _, in := range items {
+			if in.ExpiryPending() {
+				due = append(due, in.Name)
+			}
+		}
+		if len(due) == 0 {
+			return page[fencekv.LockInfo]{items, more}, nil
+		}
+		if err := n.commitExpiries(ctx, due); err != nil {
 			return page[fencekv.LockInfo]{}, err
 		}
-		items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
+		items, more, err = n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
 		return page[fencekv.LockInfo]{items, more}, err
 	}, func(c *wire.Client) (page[fencekv.LockInfo], error) {
 		items, more, err := c.Locks(ctx, prefix, start, limit)

@@ -55,7 +55,7 @@ type Info struct {
 	Held    bool
 	Holder  string
 	Token   fence.Token   // the holder's token, or the latest grant's if not held
-	TTL     time.Duration // lease time left; 0 when not held
+	TTL     time.Duration // lease time left; 0 when not held, or when it ran out and its expiry is not applied yet (see Manager.Info)
 	Delay   time.Duration // lock-delay left; 0 when none
 	Waiters int
 }
@@ -396,8 +396,14 @@ func (m *Manager) index(name string, r *Record) {
 // Lease returns the lock's record as stored, and whether there is one.
 func (m *Manager) Lease(st Store, name string) (Record, bool, error) { return load(st, name) }
 
-// Info describes the lock name at now. It reads only, so it may run in a
-// read-only transaction concurrently with the batch leader.
+// Info describes the lock name at now, as of the last applied command. A
+// lease whose deadline has passed is reported held (TTL 0) until its
+// expiry is applied, and a lock-delay that has run out lasts (minDelayLeft)
+// until its end is: until then a restart or a new leader would give the
+// lease its full TTL, or the lock-delay its full length, again (Rearm), so
+// reporting them over sooner could be undone. The expiry loop applies both
+// within milliseconds. Info reads only, so it may run in a read-only
+// transaction concurrently with the batch leader.
 func (m *Manager) Info(st Store, now time.Duration, name string) (Info, error) {
 	r, ok, err := load(st, name)
 	if err != nil {
@@ -412,19 +418,30 @@ func (m *Manager) info(name string, r Record, ok bool, now time.Duration) Info {
 		return in
 	}
 	in.Token = r.Token
-	if r.held(now) {
+	switch {
+	case !r.Expired:
 		in.Held = true
 		in.Holder = r.Holder
-		in.TTL = r.Deadline - now
-		return in
-	}
-	if end := r.delayEnd(); end > now {
-		in.Delay = end - now
+		in.TTL = max(r.Deadline-now, 0)
+	case r.DelayUntil != 0:
+		in.Delay = max(r.DelayUntil-now, minDelayLeft)
 	}
 	return in
 }
 
-// List describes up to limit locks held at now whose names start with
+// minDelayLeft is the lock-delay reported for a lock whose lock-delay has
+// run out but whose end is not applied yet.
+const minDelayLeft = time.Millisecond
+
+// ExpiryPending reports whether the lock as described has something due
+// that is not applied yet: a lease that ran out (held, no time left) or a
+// lock-delay that ended. (A lock-delay with exactly minDelayLeft left
+// counts too; applying what is due then changes nothing.)
+func (in Info) ExpiryPending() bool {
+	return in.Held && in.TTL <= 0 || !in.Held && in.Delay > 0 && in.Delay <= minDelayLeft
+}
+
+// List describes up to limit locks held at now (as Info counts them) whose names start with
 // prefix, in byte order of their names, starting at start. It stops early,
 // with more set, once the names and holders listed add up to maxBytes (at
 // least one lock is listed), so that one answer stays small however long
@@ -437,7 +454,7 @@ func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit,
 			err = fmt.Errorf("lock %q: %w", name, e)
 			return false
 		}
-		if !r.held(now) {
+		if r.Expired {
 			return true
 		}
 		n := len(name) + len(r.Holder)

@@ -556,7 +556,7 @@ func TestList(t *testing.T) {
 	for _, n := range []string{"a", "j/1", "j/2", "j/3", "k"} {
 		mustAcquire(t, s, m, 0, Request{Name: n, TTL: time.Second})
 	}
-	mustAcquire(t, s, m, 0, Request{Name: "j/0", TTL: 100 * time.Millisecond}) // expired at 500ms
+	mustAcquire(t, s, m, 0, Request{Name: "j/0", TTL: 100 * time.Millisecond}) // run out at 500ms
 	list := func(prefix, start string, limit, maxBytes int) (string, bool) {
 		var out []Info
 		var more bool
@@ -570,13 +570,27 @@ func TestList(t *testing.T) {
 		}
 		var names []string
 		for _, in := range out {
-			if !in.Held || in.TTL != 500*time.Millisecond {
-				t.Errorf("listed %+v; want held with 500ms left", in)
+			want := 500 * time.Millisecond
+			if in.Name == "j/0" {
+				want = 0
+			}
+			if !in.Held || in.TTL != want {
+				t.Errorf("listed %+v; want held with %v left", in, want)
 			}
 			names = append(names, in.Name)
 		}
 		return fmt.Sprint(names), more
 	}
+	// Until its expiry is applied, a lease that ran out is listed, held
+	// with no time left: a restart would re-arm it.
+	if got, _ := list("j/", "", 100, 1<<20); got != "[j/0 j/1 j/2 j/3]" {
+		t.Errorf("before the expiry: List = %s; want [j/0 j/1 j/2 j/3]", got)
+	}
+	in(t, s, func(tx *kv.Tx) {
+		if _, _, err := m.Expire(tx, 500*time.Millisecond, "j/0"); err != nil {
+			t.Fatal(err)
+		}
+	})
 	tests := []struct {
 		prefix, start string
 		limit, bytes  int
@@ -766,5 +780,63 @@ func TestExpireChanged(t *testing.T) {
 	}
 	if _, changed := expire(0, "never"); changed {
 		t.Fatalf("Expire of a lock never taken changed something")
+	}
+}
+
+// TestInfoUntilApplied: Info reports a lease, and a lock-delay, as lasting
+// until their ends are applied, never over when a restart (Rearm) would
+// bring them back. Each step checks Info, then what a restart at that
+// point would make of the lock: held again only if Info said held, in
+// lock-delay again only if Info said so.
+func TestInfoUntilApplied(t *testing.T) {
+	const (
+		ttl   = time.Second
+		delay = 2 * time.Second
+	)
+	steps := []struct {
+		now       time.Duration
+		expire    bool // apply what is due at now first
+		held      bool
+		ttl       time.Duration
+		lockDelay time.Duration
+	}{
+		{now: 500 * time.Millisecond, held: true, ttl: 500 * time.Millisecond},
+		{now: 1500 * time.Millisecond, held: true, ttl: 0},                               // ran out, expiry not applied
+		{now: 1500 * time.Millisecond, expire: true, lockDelay: 1500 * time.Millisecond}, // expired at 1.5s: delay until 3s
+		{now: 3500 * time.Millisecond, lockDelay: minDelayLeft},                          // delay over, its end not applied
+		{now: 3500 * time.Millisecond, expire: true},                                     // free
+	}
+	for _, restart := range []bool{false, true} {
+		for i, st := range steps {
+			s, m := testStore(t), NewManager()
+			mustAcquire(t, s, m, 0, Request{Name: "L", TTL: ttl, LockDelay: delay})
+			for _, prev := range steps[:i+1] {
+				if prev.expire {
+					in(t, s, func(tx *kv.Tx) {
+						if _, _, err := m.Expire(tx, prev.now, "L"); err != nil {
+							t.Fatal(err)
+						}
+					})
+				}
+			}
+			got := info(t, s, m, st.now, "L")
+			if got.Held != st.held || got.TTL != st.ttl || got.Delay != st.lockDelay {
+				t.Fatalf("step %d at %v: Info = %+v; want held %v, ttl %v, delay %v", i, st.now, got, st.held, st.ttl, st.lockDelay)
+			}
+			if !restart {
+				continue
+			}
+			// A restart at this point, its clock starting again at 0.
+			m = NewManager()
+			in(t, s, func(tx *kv.Tx) {
+				if err := m.Rearm(tx, 0); err != nil {
+					t.Fatal(err)
+				}
+			})
+			after := info(t, s, m, 0, "L")
+			if after.Held != got.Held || (after.Delay > 0) != (got.Delay > 0) {
+				t.Fatalf("step %d: Info said %+v, and after a restart %+v", i, got, after)
+			}
+		}
 	}
 }

@@ -128,6 +128,7 @@ func (s *Server) looped(c *conn) bool {
 		return false
 	}
 	c.raw, c.nc = raw, raw
+	c.reads = fencekv.WithoutCommitWait(c.base)
 	if err := s.loop.add(c); err != nil {
 		s.log.Warn("event loop: cannot register a connection; closing it", "remote", raw.remote, "err", err)
 		c.ended = true

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -168,6 +169,75 @@ func TestWritesBeyondOneBatch(t *testing.T) {
 		}
 		if e, err := ts.DB.Get(context.Background(), []byte("n")); err != nil || string(e.Value) != "60" {
 			t.Fatalf("n = %q, %v; want 60", e.Value, err)
+		}
+	})
+}
+
+// TestLockReadsAtExpiry: lock_info and locks, sent in one write with puts
+// while a thousand leases have just run out and their expiries are being
+// applied, are all answered, each lock reported either free or held with
+// no time left (its expiry not applied yet, which a read on the event loop
+// does not wait for: TestLockInfoWithoutCommitWait), and then the expiry
+// loop frees them all.
+func TestLockReadsAtExpiry(t *testing.T) {
+	eachMode(t, func(t *testing.T, loop bool) {
+		clock := fencekvtest.NewClock()
+		ts := startServer(t, func(o *fencekv.Options, c *wire.Config) { o.Clock = clock; c.EventLoop = loop })
+		c := dial(t, ts.Addr)
+		ctx := context.Background()
+		const locks = 1000
+		var wg sync.WaitGroup
+		for w := range 4 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := w; i < locks; i += 4 {
+					if _, err := c.Acquire(ctx, fmt.Sprint("x/", i), time.Second, nil); err != nil {
+						t.Error(err)
+						return
+					}
+				}
+			}()
+		}
+		wg.Wait()
+		raw := dialRaw(t, ts.Addr)
+		clock.Advance(time.Second)
+		var msgs []any
+		for i := range locks {
+			msgs = append(msgs, []any{0, 2 * i, "put", []any{map[string]any{"key": "k", "value": "v"}}},
+				[]any{0, 2*i + 1, "lock_info", []any{map[string]any{"lock": fmt.Sprint("x/", locks-1-i)}}})
+		}
+		msgs = append(msgs, []any{0, 2 * locks, "locks", []any{map[string]any{"prefix": "x/"}}})
+		raw.send(msgs...)
+		pending := 0
+		for range len(msgs) {
+			r := raw.reply() // fails the test if none comes within 10s
+			if r.err != nil {
+				t.Fatalf("reply %d: %v", r.id, r.err)
+			}
+			if r.id%2 == 0 || r.id == 2*locks {
+				continue
+			}
+			switch {
+			case r.res["held"] == false:
+			case num(t, r.res["ttl_ms"]) == 0:
+				pending++
+			default:
+				t.Fatalf("lock_info after every lease ran out = %v", r.res)
+			}
+		}
+		t.Logf("%d of %d lock_info answers found the expiry pending", pending, locks)
+		// And the expiry loop frees them all.
+		for deadline := time.Now().Add(10 * time.Second); ; {
+			held, _, err := c.Locks(ctx, "x/", "", 0)
+			ok(t, err)
+			if len(held) == 0 {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("%d locks still listed held 10s after their leases ran out", len(held))
+			}
+			time.Sleep(time.Millisecond)
 		}
 	})
 }

@@ -402,6 +402,7 @@ type conn struct {
 	// applied and answered.
 	waits  context.Context
 	base   context.Context // every other request's context: the client's address
+	reads  context.Context // base, for the reads the event loop serves itself: they must not wait for a commit
 	cancel context.CancelFunc
 	ws     watches // the connection's watchers (watch.go)
 
@@ -739,6 +740,11 @@ func (c *conn) handle(m message, a *args) {
 	ctx := c.base
 	if m.method == "acquire" {
 		ctx = c.waits
+	}
+	if c.raw != nil && m.info != nil && m.info.readOnly {
+		// Served by the event loop itself, which may lead the batch of
+		// this round's writes.
+		ctx = c.reads
 	}
 	ctx, ferr := c.authorize(ctx, m.method, a) // auth.go
 	if ferr != nil {
