@@ -45,12 +45,15 @@ func collectErr(w *fencekv.Watcher, n int) ([]fencekv.Event, error) {
 func TestWatchOrderNoGap(t *testing.T) {
 	db := openDB(t, "", fencekvtest.NewClock(), nil)
 	ctx := context.Background()
-	w, err := db.Watch(ctx, fencekv.WatchOptions{Prefix: []byte("w/")})
+	const writers, each = 8, 50
+	// Room for a batch per write: the consumer, on a busy machine, may
+	// fall behind the 8 writers for a while, and cancelling a slow
+	// watcher is not what this test is about (TestWatchSlowCancelled).
+	w, err := db.Watch(ctx, fencekv.WatchOptions{Prefix: []byte("w/"), Buffer: writers * each})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer w.Close()
-	const writers, each = 8, 50
 	type result struct {
 		es  []fencekv.Event
 		err error
