@@ -33,7 +33,8 @@ type Options struct {
 	MaxTxnOps    int           // most ops (and most compares) in one txn
 	WatchHistory int           // events kept for watchers to resume from (the history window)
 	// WatchHistoryBytes bounds the keys and values of the history window:
-	// the oldest events go once the rest hold this much.
+	// the oldest events go once the rest hold this much. At most 256 MiB
+	// (a replay of the whole window fits a watcher's default buffer).
 	WatchHistoryBytes int
 	MaxWatchers       int // watchers at once, store-wide
 

@@ -218,6 +218,13 @@ func eventBytes(e *Event) int {
 // connection's pending budget.
 const replayBytes = 1 << 20
 
+// defaultWatchBuffer is WatchOptions.Buffer's default.
+const defaultWatchBuffer = 256
+
+// maxWatchHistoryBytes bounds WatchHistoryBytes: a replay of the whole
+// history fits a buffer of the default size.
+const maxWatchHistoryBytes = defaultWatchBuffer * replayBytes
+
 // dispatch hands queued batches to the watchers until the hub closes. A
 // watcher whose buffer is full is cancelled.
 func (h *hub) dispatch() {
@@ -256,7 +263,7 @@ func (h *hub) dispatch() {
 // watch starts a watcher, replaying the history from o.StartRevision.
 func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 	if o.Buffer <= 0 {
-		o.Buffer = 256
+		o.Buffer = defaultWatchBuffer
 	}
 	h.mu.Lock()
 	defer h.mu.Unlock()
@@ -276,8 +283,8 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 		}
 		// In batches of about replayBytes. The whole history is at most
 		// WatchHistoryBytes, so the batches fit a buffer of the default
-		// size; a smaller buffer may not take them: the watch is refused
-		// as too slow from the start.
+		// size (maxWatchHistoryBytes); a smaller buffer may not take
+		// them: the watch is refused as too slow from the start.
 		var batches [][]Event
 		var replay []Event
 		size := 0
@@ -375,6 +382,10 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 // machine's current revision on, and serves at most maxWatchers at once.
 // Call it once, before applying.
 func (m *Machine) EnableWatch(history, historyBytes, maxWatchers int) error {
+	if historyBytes > maxWatchHistoryBytes {
+		return fmt.Errorf("fencekv: WatchHistoryBytes %d is over the limit of %d: a replay of the whole history must fit a watcher's default buffer (%d batches of about %d bytes)",
+			historyBytes, maxWatchHistoryBytes, defaultWatchBuffer, replayBytes)
+	}
 	var st Status
 	if err := m.Counters(&st); err != nil {
 		return err

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -239,4 +240,20 @@ func TestWatchLimits(t *testing.T) {
 		t.Fatalf("a watcher after one of the three closed: %v", err)
 	}
 	w4.Close()
+	// A window whose replay would not fit a watcher's default buffer (256
+	// batches of about 1 MiB) is refused at Open.
+	o := fencekv.DefaultOptions()
+	o.WatchHistoryBytes = 256<<20 + 1
+	if db, err := fencekv.Open(t.TempDir(), &o); err == nil || !strings.Contains(err.Error(), "WatchHistoryBytes") {
+		if db != nil {
+			db.Close()
+		}
+		t.Fatalf("Open with WatchHistoryBytes over 256 MiB: %v; want refused", err)
+	}
+	o.WatchHistoryBytes = 256 << 20
+	db2, err := fencekv.Open(t.TempDir(), &o)
+	if err != nil {
+		t.Fatalf("Open with WatchHistoryBytes of 256 MiB: %v", err)
+	}
+	db2.Close()
 }
