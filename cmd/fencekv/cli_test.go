@@ -1,7 +1,8 @@
 package main
 
 // End-to-end tests of the CLI's conventions: errors as JSON with --json,
-// bytes that are not UTF-8 in JSON, hints for typos, shell completion.
+// bytes that are not UTF-8 in JSON, hints for typos, shell completion; and
+// how locks are described.
 
 import (
 	"encoding/base64"
@@ -10,6 +11,9 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
 )
 
 // TestJSONErrors: with --json every error is one JSON object on stdout,
@@ -186,6 +190,23 @@ func TestVerifyJSON(t *testing.T) {
 	for f := range m {
 		if f != strings.ToLower(f) {
 			t.Errorf("verify --json field %q is not snake_case", f)
+		}
+	}
+}
+
+// TestLockLine: how `lock info` and `lock list` describe a lock.
+func TestLockLine(t *testing.T) {
+	for _, tt := range []struct {
+		in   fencekv.LockInfo
+		want string
+	}{
+		{fencekv.LockInfo{Name: "L", Held: true, Token: 7, TTL: 1500 * time.Millisecond, Holder: "w1", Waiters: 2}, "L\theld by token 7 for 1.5s (holder \"w1\"), 2 waiting"},
+		{fencekv.LockInfo{Name: "L", Held: true, Token: 7}, "L\theld by token 7, whose lease has just run out"},
+		{fencekv.LockInfo{Name: "L", Token: 7, Delay: 2 * time.Second}, "L\tfree (last token 7), in lock-delay for 2s"},
+		{fencekv.LockInfo{Name: "L"}, "L\tfree"},
+	} {
+		if got := lockLine(tt.in); got != tt.want {
+			t.Errorf("lockLine(%+v) = %q; want %q", tt.in, got, tt.want)
 		}
 	}
 }

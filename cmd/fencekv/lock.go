@@ -147,6 +147,10 @@ func lockJSON(in fencekv.LockInfo) map[string]any {
 func lockLine(in fencekv.LockInfo) string {
 	if in.Held {
 		s := fmt.Sprintf("%s\theld by token %d for %v", in.Name, in.Token, in.TTL.Round(time.Millisecond))
+		if in.TTL <= 0 {
+			// Run out; the server is applying its expiry (milliseconds).
+			s = fmt.Sprintf("%s\theld by token %d, whose lease has just run out", in.Name, in.Token)
+		}
 		if in.Holder != "" {
 			s += fmt.Sprintf(" (holder %q)", in.Holder)
 		}
