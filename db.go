@@ -94,6 +94,11 @@ func Open(dir string, opts *Options) (*DB, error) {
 	}
 	_, statErr := os.Stat(dir)
 	created := errors.Is(statErr, os.ErrNotExist)
+	if _, err := os.Stat(filepath.Join(dir, NodeFile)); err == nil {
+		// Its state is a replica's, perhaps behind the cluster's: a
+		// single node on it could issue the cluster's tokens again (G1).
+		return nil, fmt.Errorf("fencekv: data dir %s belongs to a cluster node (its name is in %s): start it as that node (fencekv serve --node), or, for a single node with the cluster's state, back up a running node (fencekv backup) and restore the backup into a new dir (fencekv restore), which moves the token sequence past a gap", dir, NodeFile)
+	}
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fencekv: data dir: %w", err)
 	}

@@ -58,8 +58,10 @@ package fencekv
 const Version = "0.1.0"
 
 // DataFile is the name of the bbolt file inside a data dir, and LogFile
-// the name of its write-ahead log.
+// the name of its write-ahead log. NodeFile, in a cluster node's data dir
+// only, holds the node's name: a single node refuses such a dir.
 const (
 	DataFile = "fencekv.db"
 	LogFile  = "fencekv.wal"
+	NodeFile = "node"
 )

@@ -26,10 +26,10 @@ import (
 
 // Files of a node's data dir, beside the engine's data file.
 const (
-	nameFile      = "node"      // the node's name, fixed at its first start
-	raftFile      = "raft.db"   // raft's term and vote (raft-boltdb); its log, before raftLogDir
-	raftLogDir    = "raft-log"  // raft's log (logstore.go)
-	snapshotsDir  = "snapshots" // raft's snapshots of the data file
+	nameFile      = fencekv.NodeFile // the node's name, fixed at its first start
+	raftFile      = "raft.db"        // raft's term and vote (raft-boltdb); its log, before raftLogDir
+	raftLogDir    = "raft-log"       // raft's log (logstore.go)
+	snapshotsDir  = "snapshots"      // raft's snapshots of the data file
 	keepSnapshots = 2
 	logCacheSize  = 1024 // raft entries kept in memory (raft.LogCache)
 )
@@ -96,6 +96,9 @@ func Open(cfg Config) (n *Node, err error) {
 	if err := os.MkdirAll(cfg.Dir, 0o700); err != nil {
 		return nil, fmt.Errorf("cluster: data dir: %w", err)
 	}
+	if singleNodeDir(cfg.Dir) {
+		return nil, errForeignStore(cfg.Dir) // before anything is written in it
+	}
 	if err := checkName(cfg.Dir, cfg.Name); err != nil {
 		return nil, err
 	}
@@ -137,7 +140,10 @@ func Open(cfg Config) (n *Node, err error) {
 	if err := n.startRaft(created); err != nil {
 		return nil, err
 	}
-	closers = append(closers, closerFunc(func() error { return n.raft.Shutdown().Error() }), n.trans, n.logs, n.store)
+	// The closers must not use n: a failed Open returns, and so sets, a
+	// nil n before they run.
+	r := n.raft
+	closers = append(closers, closerFunc(func() error { return r.Shutdown().Error() }), n.trans, n.logs, n.store)
 	if err := n.checkSeed(); err != nil {
 		return nil, err
 	}
@@ -147,7 +153,8 @@ func Open(cfg Config) (n *Node, err error) {
 	n.props = newProposer(n)
 	n.wg.Add(1)
 	go n.props.run()
-	closers = append(closers, closerFunc(func() error { close(n.stop); return nil }))
+	stop := n.stop
+	closers = append(closers, closerFunc(func() error { close(stop); return nil }))
 	if err := n.startGossip(); err != nil {
 		return nil, err
 	}
@@ -181,6 +188,14 @@ func checkName(dir, name string) error {
 		return fmt.Errorf("cluster: data dir %s belongs to node %q, not %q", dir, strings.TrimSpace(string(b)), name)
 	}
 	return nil
+}
+
+// singleNodeDir reports whether dir holds a single node's store: its
+// write-ahead log, and no raft state.
+func singleNodeDir(dir string) bool {
+	_, walErr := os.Stat(filepath.Join(dir, fencekv.LogFile))
+	_, raftErr := os.Stat(filepath.Join(dir, raftFile))
+	return walErr == nil && errors.Is(raftErr, os.ErrNotExist)
 }
 
 func (n *Node) startRaft(created bool) error {

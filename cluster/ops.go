@@ -150,20 +150,37 @@ type seedState struct {
 // from its start on an empty node, so such a node must bootstrap alone
 // (the others join it, empty) and, once it leads, seeds the raft log with
 // its state (seed).
+//
+// A store without raft state and without that marker is refused: a single
+// node's data dir (or a node's whose raft files are gone). Its state would
+// reach no other node, which would replay the log from its start on empty
+// stores, and the tokens it issued would be issued again (G1).
 func (n *Node) checkSeed() error {
-	marker := filepath.Join(n.cfg.Dir, fencekv.RestoredFile)
-	if _, err := os.Stat(marker); err != nil {
-		return nil
-	}
 	hasState, err := raft.HasExistingState(n.logs, n.store, nopSnapshots{})
 	if err != nil {
 		return err
+	}
+	marker := filepath.Join(n.cfg.Dir, fencekv.RestoredFile)
+	if _, err := os.Stat(marker); err != nil {
+		if hasState {
+			return nil
+		}
+		if n.m.Applied() > 0 {
+			return errForeignStore(n.cfg.Dir)
+		}
+		return nil
 	}
 	if !hasState && n.cfg.BootstrapExpect != 1 {
 		return fmt.Errorf("cluster: data dir %s was restored from a backup: start this node alone with --bootstrap-expect 1 to seed a new cluster, then start the other nodes on empty data dirs with --join", n.cfg.Dir)
 	}
 	n.seeds = &seedState{marker: marker}
 	return nil
+}
+
+// errForeignStore refuses a data dir that holds a store no raft state
+// goes with (see checkSeed).
+func errForeignStore(dir string) error {
+	return fmt.Errorf("cluster: data dir %s holds a store but no raft state: a single node's data dir, or a cluster node's whose raft files are gone. A cluster node cannot start on it: its state would reach no other node, and the tokens it issued would be issued again. To move a single node's store into a cluster, back it up (fencekv backup), restore the backup into an empty dir (fencekv restore), and start the first node on that dir alone with --bootstrap-expect 1 (README: Backup and restore)", dir)
 }
 
 func (n *Node) seeding() bool { return n.seeds != nil }
