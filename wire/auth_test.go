@@ -500,3 +500,54 @@ func TestWatchRights(t *testing.T) {
 		}
 	}
 }
+
+// TestAuthReloadCancelsWatches: a watch stops with its principal's rights.
+// Once a reload removes the principal, the watch it opened delivers no
+// event after that; the server cancels it, and the client's watcher, which
+// cannot authenticate to resume, ends with the refusal.
+func TestAuthReloadCancelsWatches(t *testing.T) {
+	ts, path, store := authServer(t, nil)
+	ctx := context.Background()
+	root := login(t, ts.Addr, "root")
+	w, err := wire.WatchWith(ctx, []string{ts.Addr}, fencekv.WatchOptions{Prefix: b("a/")},
+		&wire.DialOptions{User: "reader", Secret: []byte("reader-secret")})
+	ok(t, err)
+	defer w.Close()
+	_, err = root.Put(ctx, b("a/1"), b("before"), fencekv.WriteOptions{})
+	ok(t, err)
+	select {
+	case es := <-w.Events():
+		if len(es) != 1 || string(es[0].Value) != "before" {
+			t.Fatalf("events = %+v; want the put of a/1", es)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("no event within 10s")
+	}
+
+	f, err := os.ReadFile(path)
+	ok(t, err)
+	var keep []string
+	for _, l := range strings.Split(strings.TrimSpace(string(f)), "\n") {
+		if !strings.HasPrefix(l, "reader ") {
+			keep = append(keep, l)
+		}
+	}
+	ok(t, os.WriteFile(path, []byte(strings.Join(keep, "\n")+"\n"), 0o600))
+	_, err = store.Reload()
+	ok(t, err)
+	_, err = root.Put(ctx, b("a/1"), b("after the reload"), fencekv.WriteOptions{})
+	ok(t, err)
+	timeout := time.After(10 * time.Second)
+	for {
+		select {
+		case es, open := <-w.Events():
+			if !open {
+				wantCode(t, w.Err(), fencekv.CodeUnauthenticated)
+				return
+			}
+			t.Fatalf("a removed principal's watch delivered %+v", es)
+		case <-timeout:
+			t.Fatal("the removed principal's watch neither ended nor delivered within 10s")
+		}
+	}
+}

@@ -59,21 +59,35 @@ func (c *conn) watch(a *args, e *encoder) (start func(), err error) {
 	e.EncodeMapLen(2)
 	e.uint("watch_id", id)
 	e.uint("revision", uint64(w.Revision()))
-	return func() { go c.sendEvents(id, w) }, nil
+	// What the rights are checked against again before each batch.
+	rights := &args{prefix: a.prefix, locks: a.locks}
+	return func() { go c.sendEvents(id, w, rights) }, nil
 }
 
 // sendEvents writes a watcher's events as notifications until it ends.
-func (c *conn) sendEvents(id uint64, w *fencekv.Watcher) {
+// With auth, each batch goes only if the principal may still watch: one
+// removed from the auth file, whose secret changed, or whose rights no
+// longer cover the watch (a reload) has its watches cancelled.
+func (c *conn) sendEvents(id uint64, w *fencekv.Watcher, rights *args) {
 	defer c.ws.wg.Done()
+	cancel := func(reason string) {
+		w.Close()
+		c.notify("watch_cancelled", func(e *encoder) {
+			e.EncodeMapLen(2)
+			e.uint("watch_id", id)
+			e.str("reason", reason)
+		})
+	}
 	for batch := range w.Events() {
 		if c.pending.Load() > int64(c.s.cfg.MaxPendingBytes) {
-			w.Close()
-			c.notify("watch_cancelled", func(e *encoder) {
-				e.EncodeMapLen(2)
-				e.uint("watch_id", id)
-				e.str("reason", "the client does not read its notifications: over the pending budget")
-			})
+			cancel("the client does not read its notifications: over the pending budget")
 			break
+		}
+		if c.s.cfg.Auth != nil {
+			if _, ferr := c.authorize(c.base, "watch", rights); ferr != nil {
+				cancel("the principal may no longer watch: " + ferr.Message)
+				break
+			}
 		}
 		c.notify("watch", func(e *encoder) {
 			e.EncodeMapLen(2)
