@@ -152,9 +152,17 @@ func minimal(prefixes []string) []string {
 type File struct {
 	principals map[string]*Principal
 	// dummy is checked against when the name is unknown (or can only use
-	// a certificate), so that a wrong name costs as long as a wrong secret.
+	// a certificate), so that a wrong name costs as long as a wrong secret
+	// (of a principal hashed at the file's highest cost: see Costs).
 	dummy []byte
+	costs []int
 }
+
+// Costs returns the bcrypt costs of the file's hashes, lowest first. More
+// than one lets a client tell names apart by time: a wrong secret for a
+// principal of a lower cost is answered sooner than one for an unknown
+// name (checked at the highest).
+func (f *File) Costs() []int { return f.costs }
 
 // Len is the number of principals.
 func (f *File) Len() int { return len(f.principals) }
@@ -203,11 +211,16 @@ func Parse(r io.Reader) (*File, error) {
 		if p.hash != nil {
 			c, _ := bcrypt.Cost(p.hash)
 			cost = max(cost, c)
+			if !slices.Contains(f.costs, c) {
+				f.costs = append(f.costs, c)
+			}
 		}
 	}
 	if err := sc.Err(); err != nil {
 		return nil, err
 	}
+	slices.Sort(f.costs)
+	slices.Sort(f.costs)
 	if cost == 0 {
 		cost = DefaultCost
 	}

@@ -141,6 +141,31 @@ func TestUnknownNameTakesAsLong(t *testing.T) {
 	}
 }
 
+// TestCosts: the file tells which bcrypt costs its hashes have, so that
+// the server can warn of more than one (a lower cost answers sooner than
+// an unknown name, checked at the highest).
+func TestCosts(t *testing.T) {
+	h5, err := Hash([]byte("b"), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tt := range []struct {
+		file string
+		want []int
+	}{
+		{"alice " + hash(t, "a") + " read:\n", []int{4}},
+		{"alice " + hash(t, "a") + " read:\nbob " + h5 + " read:\ncarol " + hash(t, "c") + " read:\n", []int{4, 5}},
+	} {
+		f, err := Parse(strings.NewReader(tt.file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(f.Costs(), tt.want) {
+			t.Errorf("Costs() = %v; want %v", f.Costs(), tt.want)
+		}
+	}
+}
+
 func TestHashRefuses(t *testing.T) {
 	if _, err := Hash(nil, 4); err == nil {
 		t.Error("an empty secret was hashed")

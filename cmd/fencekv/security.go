@@ -356,7 +356,7 @@ func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop 
 		return func() {}
 	}
 	if s.store != nil {
-		warnLoose(log, s.store.Path())
+		warnAuthFile(log, s.store)
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
@@ -388,7 +388,7 @@ func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop 
 					log.Error("the reloaded auth file stops this node forwarding", "err", err)
 				}
 			}
-			warnLoose(log, s.store.Path())
+			warnAuthFile(log, s.store)
 			log.Info("auth file reloaded", "path", s.store.Path(), "principals", f.Len())
 		}
 	}()
@@ -400,9 +400,16 @@ func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop 
 
 // warnLoose warns of an auth file that others than its owner may read:
 // the hashes are slow to crack, not impossible.
-func warnLoose(log *slog.Logger, path string) {
+// warnAuthFile warns of an auth file others may read, and of one whose
+// hashes have different costs (see auth.File.Costs).
+func warnAuthFile(log *slog.Logger, s *auth.Store) {
+	path := s.Path()
 	if fi, err := os.Stat(path); err == nil && fi.Mode().Perm()&0o077 != 0 {
 		log.Warn("the auth file is readable by others than its owner; chmod 600 it", "path", path, "mode", fi.Mode().Perm().String())
+	}
+	if costs := s.File().Costs(); len(costs) > 1 {
+		log.Warn("the auth file's hashes have different bcrypt costs: a wrong secret for a principal of a lower cost is answered sooner than one for an unknown name, which tells the names apart; hash every secret at one cost (fencekv auth hash --cost)",
+			"path", path, "costs", fmt.Sprint(costs))
 	}
 }
 
