@@ -122,21 +122,41 @@ func (n *Node) catchUp(ctx context.Context) (uint64, error) {
 	if !errors.As(err, &fw) {
 		return 0, err
 	}
-	c, err := n.fwd.client(ctx, fw.addr)
-	if err != nil {
-		return 0, err
+	for {
+		c, err := n.fwd.client(ctx, fw.addr)
+		if err != nil {
+			return 0, err
+		}
+		// A linearizable read on the leader returns once it has applied
+		// everything committed when the read arrived; its applied index
+		// then covers every acknowledged write. The node asked must have
+		// led throughout, in one term (it cannot lead twice in a term),
+		// so that the read ran on it, not forwarded: the applied index of
+		// a node that no longer leads may be behind.
+		before, err := c.Status(ctx)
+		if err != nil {
+			return 0, n.fwd.forwardError(c, err, false)
+		}
+		if _, err := c.LockInfo(ctx, "fencekv/backup"); err != nil {
+			return 0, n.fwd.forwardError(c, err, false)
+		}
+		st, err := c.Status(ctx)
+		if err != nil {
+			return 0, n.fwd.forwardError(c, err, false)
+		}
+		if before.Role == "leader" && st.Role == "leader" && before.Term == st.Term {
+			return st.AppliedIndex, n.awaitApplied(ctx, st.AppliedIndex)
+		}
+		// The leadership moved: ask the new leader.
+		select {
+		case <-time.After(50 * time.Millisecond):
+		case <-ctx.Done():
+			return 0, ctx.Err()
+		}
+		if err := n.readIndex(ctx); !errors.As(err, &fw) {
+			return 0, err
+		}
 	}
-	// A linearizable read on the leader returns once it has applied
-	// everything committed when the read arrived; its applied index then
-	// covers every acknowledged write.
-	if _, err := c.LockInfo(ctx, "fencekv/backup"); err != nil {
-		return 0, n.fwd.forwardError(c, err, false)
-	}
-	st, err := c.Status(ctx)
-	if err != nil {
-		return 0, n.fwd.forwardError(c, err, false)
-	}
-	return st.AppliedIndex, n.awaitApplied(ctx, st.AppliedIndex)
 }
 
 // seedState is a store restored from a backup (fencekv.Restore) that has
