@@ -813,3 +813,59 @@ func TestHandOffOnRelease(t *testing.T) {
 		prev = tok
 	}
 }
+
+// TestWithLockSurvivesPausedLeader: a lease kept by WithLock through a
+// client connected to the leader outlives that leader's pause (SIGSTOP, as
+// a long GC or a stalled VM): the renews leave the silent node for the
+// next address, and reach the new leader, which gave the lease its full
+// TTL again, well within the TTL. Before, every renew waited on the paused
+// node until the TTL ran out and the lease was declared lost while the new
+// leader still held it.
+func TestWithLockSurvivesPausedLeader(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 2*time.Minute)
+	leader := c.Leader(t)
+	addrs := []string{leader.Client}
+	for _, nd := range c.Others(leader) {
+		addrs = append(addrs, nd.Client)
+	}
+	cl, err := wire.DialCluster(ctx, addrs, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	const ttl = 6 * time.Second
+	var token fencekv.Token
+	err = cl.WithLock(ctx, "job", ttl, nil, func(lctx context.Context, l fencekv.Lease) error {
+		token = l.Token
+		c.Pause(leader)
+		defer c.Resume(leader)
+		paused := time.Now()
+		select {
+		case <-lctx.Done():
+			return fmt.Errorf("lease lost %v after the leader's pause: %w", time.Since(paused).Round(time.Millisecond), context.Cause(lctx))
+		case <-time.After(2 * ttl):
+		}
+		// The new leader has it, held by this lease.
+		ncl := c.Dial(t, c.Leader(t))
+		in, err := ncl.LockInfo(ctx, "job")
+		if err != nil {
+			return err
+		}
+		if !in.Held || in.Token != l.Token {
+			return fmt.Errorf("the new leader says %+v; want held by token %d", in, l.Token)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// And the release at the end reached the new leader.
+	in, err := c.Dial(t, c.Leader(t)).LockInfo(ctx, "job")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if in.Held {
+		t.Fatalf("after WithLock returned, the lock is %+v; want released (token %d)", in, token)
+	}
+}

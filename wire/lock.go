@@ -47,7 +47,10 @@ type LockOptions struct {
 // A broken connection alone does not lose the lease: the renews go on
 // through the client's next connection (to the same server restarted, or
 // to another node of a cluster), and fn's context is cancelled only if
-// none succeeds within the TTL. The lease lives on the server, not in the
+// none succeeds within the TTL. Each renew gets one period; a client with
+// several addresses leaves a node that did not answer within it, or
+// answered unavailable (a paused node, one cut off from the others), for
+// the next address. The lease lives on the server, not in the
 // connection, and a server restart or a new leader gives it its full TTL
 // again.
 //
@@ -139,10 +142,21 @@ func (c *Client) release(ctx context.Context, name string, token fencekv.Token, 
 	defer cancel()
 	pause := 20 * time.Millisecond
 	for {
-		err := c.Release(ctx, name, token)
+		// Each try gets a third of the time, and a node that does not
+		// answer within it is left for the next address.
+		cn := c.cur.Load()
+		actx, acancel := context.WithTimeout(ctx, timeout/3)
+		err := c.Release(actx, name, token)
+		silent := err != nil && actx.Err() != nil && ctx.Err() == nil
+		acancel()
+		if silent {
+			c.leave(cn, err)
+			continue
+		}
 		if err == nil || err == ErrClientClosed || !retryable(err) {
 			return err
 		}
+		c.leave(cn, err)
 		t := time.NewTimer(pause)
 		select {
 		case <-ctx.Done():
@@ -155,6 +169,18 @@ func (c *Client) release(ctx context.Context, name string, token fencekv.Token, 
 		}
 		pause = min(2*pause, 500*time.Millisecond)
 	}
+}
+
+// leave makes the client's next call go to its next address, if it has
+// several and cn is still its connection: cn's node did not answer a lock
+// call in time, or answered that it could not serve it (no leader). The
+// calls still waiting on cn fail with it (their outcome unknown, as when a
+// connection breaks): that node was not answering them either.
+func (c *Client) leave(cn *link, why error) {
+	if len(c.addrs) < 2 || why == nil || c.cur.Load() != cn {
+		return
+	}
+	cn.fail(fmt.Errorf("wire: left %s for the next address: %w", cn.addr, why))
 }
 
 // retryable reports whether a lock call that failed with err may succeed
@@ -190,9 +216,18 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 	if !c.spawn(func() {
 		defer close(renewerDone)
 		for at := range renew {
-			actx, acancel := context.WithDeadline(rctx, at.Add(ttl))
+			// A renew gets one period: a node that does not answer
+			// within it (paused, cut off from the others, without a
+			// leader) is left for the next address, so that the renews
+			// after it reach a live leader well within the TTL.
+			cn := c.cur.Load()
+			actx, acancel := context.WithDeadline(rctx, at.Add(min(ttl, every)))
 			_, err := c.Renew(actx, l.Name, l.Token)
+			silent := err != nil && actx.Err() != nil && rctx.Err() == nil
 			acancel()
+			if silent || retryable(err) {
+				c.leave(cn, err)
+			}
 			results <- renewed{at, err}
 		}
 	}) {
