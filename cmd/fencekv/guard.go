@@ -9,12 +9,16 @@ import (
 	"time"
 )
 
-// A job never outlives the run-locked that holds its lock, even when
-// run-locked itself is killed with SIGKILL: run-locked starts the command
-// under a guard, a second fencekv process that leads the command's
-// process group and asks the kernel to signal it when run-locked dies
-// (Linux's parent-death signal). The guard then terminates the whole
-// group: SIGTERM, and SIGKILL after the grace period.
+// A job never outlives the run-locked that holds its lock, nor the lock:
+// run-locked starts the command under a guard, a second fencekv process
+// that asks the kernel to signal it when run-locked dies (Linux's
+// parent-death signal), runs the command in a process group of its own,
+// and is the subreaper of everything the command starts. The guard ends
+// only once that whole group has: when the command exits, what it left
+// running in its group is stopped (SIGTERM, and SIGKILL after the grace
+// period) before run-locked releases the lock; when run-locked asks it to
+// (the lease may be lost: SIGUSR1), or dies, the guard stops the group the
+// same way.
 //
 // The guard is `fencekv` run with guardArg as its first argument, before
 // the CLI parses anything:
@@ -22,6 +26,10 @@ import (
 //	fencekv __run-locked-guard PARENT_PID GRACE -- COMMAND [ARGS...]
 
 const guardArg = "__run-locked-guard"
+
+// guardStop is the signal run-locked sends the guard to stop the command's
+// group; SIGINT, SIGTERM and SIGHUP it forwards to the group.
+const guardStop = syscall.SIGUSR1
 
 // guardCommand returns the command that runs argv under a guard.
 func guardCommand(grace time.Duration, argv []string) (*exec.Cmd, error) {
@@ -31,18 +39,17 @@ func guardCommand(grace time.Duration, argv []string) (*exec.Cmd, error) {
 	}
 	args := append([]string{guardArg, strconv.Itoa(os.Getpid()), grace.String(), "--"}, argv...)
 	cmd := exec.Command(self, args...)
-	// The guard leads a process group of its own (the command joins
-	// it), and gets SIGTERM when the thread that started it dies: Go
+	// The guard gets SIGTERM when the thread that started it dies: Go
 	// never ends a thread that has not been locked, so in practice that
-	// is when run-locked dies.
+	// is when run-locked dies. It leads a process group of its own, out
+	// of the terminal's foreground: a Ctrl-C reaches run-locked, which
+	// forwards it.
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
 	return cmd, nil
 }
 
-// runGuard is the guard process: it runs the command in its own process
-// group and exits with its status. Signals that run-locked sends to the
-// group reach the command directly; the guard ignores them, unless its
-// parent is gone: then it stops the group.
+// runGuard is the guard process: it runs the command in a process group
+// of its own and exits with its status once the group is gone.
 func runGuard(args []string) int {
 	if len(args) < 4 || args[2] != "--" {
 		return exitUsage
@@ -52,14 +59,20 @@ func runGuard(args []string) int {
 	if err1 != nil || err2 != nil {
 		return exitUsage
 	}
+	// What the command leaves behind is reparented to the guard, which
+	// reaps it (sweep); without this, to whatever reaps orphans, if
+	// anything does.
+	setSubreaper()
 	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT, syscall.SIGHUP, guardStop)
 	cmd := exec.Command(args[3], args[4:]...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, os.Stdout, os.Stderr
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
 		os.Stderr.WriteString("fencekv: run-locked: " + err.Error() + "\n")
 		return 127
 	}
+	group := cmd.Process.Pid
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
 	orphaned := func() bool { return os.Getppid() != parent }
@@ -69,22 +82,71 @@ func runGuard(args []string) int {
 	for {
 		select {
 		case err := <-exited:
+			sweep(group, grace)
 			return status(err)
-		case <-sigs:
+		case s := <-sigs:
+			if s != guardStop && !orphaned() {
+				syscall.Kill(-group, s.(syscall.Signal))
+				continue
+			}
 		case <-check.C:
+			if !orphaned() {
+				continue
+			}
 		}
-		if !orphaned() {
-			continue
-		}
-		group := -os.Getpid()
-		syscall.Kill(group, syscall.SIGTERM)
+		// Asked to stop the command, or run-locked is gone.
+		syscall.Kill(-group, syscall.SIGTERM)
+		t := time.NewTimer(grace)
+		var err error
 		select {
-		case err := <-exited:
-			syscall.Kill(group, syscall.SIGKILL) // the command's own children
-			return status(err)
-		case <-time.After(grace):
-			syscall.Kill(group, syscall.SIGKILL)
-			return status(<-exited)
+		case err = <-exited:
+			t.Stop()
+		case <-t.C:
+			syscall.Kill(-group, syscall.SIGKILL)
+			err = <-exited
+		}
+		sweep(group, grace)
+		return status(err)
+	}
+}
+
+// sweep stops what is left of the command's process group once the command
+// has been reaped: SIGTERM, then SIGKILL if some of it is still there
+// after grace; it returns when the group is empty (or has resisted SIGKILL
+// for sweepKillWait, in an uninterruptible sleep).
+func sweep(group int, grace time.Duration) {
+	if !groupAlive(group) {
+		return
+	}
+	syscall.Kill(-group, syscall.SIGTERM)
+	deadline := time.Now().Add(grace)
+	killed := false
+	for groupAlive(group) {
+		if time.Now().After(deadline) {
+			if killed {
+				os.Stderr.WriteString("fencekv: run-locked: processes of the command's group did not end after SIGKILL\n")
+				return
+			}
+			syscall.Kill(-group, syscall.SIGKILL)
+			killed, deadline = true, time.Now().Add(sweepKillWait)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// sweepKillWait bounds the wait for a group sent SIGKILL.
+const sweepKillWait = 5 * time.Second
+
+// groupAlive reaps the guard's children that have ended (called only once
+// the command itself has been reaped: the command's Wait must get its
+// status) and reports whether any process is left in the group.
+func groupAlive(group int) bool {
+	for {
+		var ws syscall.WaitStatus
+		pid, err := syscall.Wait4(-1, &ws, syscall.WNOHANG, nil)
+		if pid <= 0 || err != nil {
+			break
 		}
 	}
+	return syscall.Kill(-group, 0) == nil
 }

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"os/signal"
 	"strconv"
+	"sync"
 	"syscall"
 	"time"
 
@@ -31,10 +32,13 @@ within the TTL costs nothing. If the lease may be lost (a renew is refused, or
 none succeeded within the TTL), the command's process group is sent SIGTERM,
 then SIGKILL after --grace; run-locked then releases the lock if the server
 still holds it for this lease, and exits with --lost-status (3). When the
-command ends, the lock is released and run-locked exits with the command's
-status; choose a --lost-status your command never exits with to tell the two
-apart. Exit 4: the lock stayed held for all of --wait. If run-locked itself
-dies, even by kill -9, the command's process group is stopped.
+command ends, what it left running in its process group is stopped the same
+way, the lock is released and run-locked exits with the command's status;
+choose a --lost-status your command never exits with to tell the two apart.
+Exit 4: the lock stayed held for all of --wait; 128+N: signal N came while
+waiting (the command did not run). If run-locked itself dies, even by
+kill -9, the command's process group is stopped. A terminal is not passed
+as the command's standard input (/dev/null is).
 
 With --json, run-locked prints its report (or error) as one JSON object on
 stderr once the command has ended (stdout is the command's):
@@ -53,6 +57,23 @@ if it is ever too late:
 		}),
 		Action: runLocked,
 	}
+}
+
+// signalled ends run-locked's wait for the lock: a signal came first.
+type signalled struct{ s syscall.Signal }
+
+func (e signalled) Error() string { return "interrupted by " + signalName(e.s) }
+
+func signalName(s syscall.Signal) string {
+	switch s {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	case syscall.SIGHUP:
+		return "SIGHUP"
+	}
+	return s.String()
 }
 
 // childExit is how the child ended.
@@ -118,13 +139,52 @@ func runLocked(c *cli.Context) error {
 		ReleaseTimeout: min(c.Duration("ttl"), 5*time.Second),
 	}
 	// The server bounds the wait (wait_ms); from the grant on, the lease's
-	// own context governs.
-	err = cl.WithLock(ctx, name, c.Duration("ttl"), lo, func(lctx context.Context, l fencekv.Lease) error {
+	// own context governs. A signal while waiting ends the wait (the
+	// command does not start); from the start on, signals go to the
+	// command.
+	wctx, stopWait := context.WithCancelCause(ctx)
+	defer stopWait(nil)
+	waitSigs := make(chan os.Signal, 1)
+	signal.Notify(waitSigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
+	defer signal.Stop(waitSigs)
+	var smu sync.Mutex
+	started := false
+	go func() {
+		select {
+		case s := <-waitSigs:
+			smu.Lock()
+			if !started {
+				stopWait(signalled{s.(syscall.Signal)})
+			}
+			smu.Unlock()
+		case <-wctx.Done():
+		}
+	}()
+	err = cl.WithLock(wctx, name, c.Duration("ttl"), lo, func(lctx context.Context, l fencekv.Lease) error {
 		report["token"] = l.Token
+		smu.Lock()
+		started = true
+		signal.Stop(waitSigs)
+		smu.Unlock()
+		if cause := context.Cause(wctx); cause != nil {
+			return cause // signalled as the lock was granted: released unused
+		}
 		return runChild(lctx, c, l, argv, sigs)
 	})
 	var ce *childExit
+	var sig signalled
 	switch {
+	case errors.As(context.Cause(wctx), &sig):
+		// The wait was interrupted; the command never ran.
+		report["status"] = 128 + int(sig.s)
+		err := fmt.Errorf("run-locked %s: %v while waiting for the lock; the command did not run", name, sig)
+		if !c.Bool("json") {
+			fmt.Fprintf(c.App.ErrWriter, "fencekv: %v\n", err)
+			return statusError(128 + int(sig.s))
+		}
+		report["error"] = err.Error()
+		json.NewEncoder(c.App.ErrWriter).Encode(report)
+		return statusError(128 + int(sig.s))
 	case errors.As(err, &ce) && ce.lost != nil:
 		report["status"], report["lease_lost"] = lostStatus, true
 		if !c.Bool("json") {
@@ -177,6 +237,16 @@ func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []strin
 		return &childExit{status: 127}
 	}
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, c.App.Writer, c.App.ErrWriter
+	if isTerminal(os.Stdin) {
+		// The command runs in a process group of its own, out of the
+		// terminal's foreground: reading the terminal would stop it (and
+		// run-locked would renew the lock for it for good). It reads
+		// /dev/null instead.
+		if null, err := os.Open(os.DevNull); err == nil {
+			defer null.Close()
+			cmd.Stdin = null
+		}
+	}
 	cmd.Env = append(os.Environ(),
 		"FENCEKV_TOKEN="+strconv.FormatUint(uint64(l.Token), 10),
 		"FENCEKV_LOCK="+l.Name,
@@ -184,31 +254,32 @@ func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []strin
 	)
 	// The command's own fencekv calls reach the server the same way.
 	cmd.Env = append(cmd.Env, clientSecurityOf(c).env()...)
-	// The guard leads its own process group (the command is in it), so
-	// that a lost lease stops the command's children too.
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked: %v\n", err)
 		return &childExit{status: 127}
 	}
 	exited := make(chan error, 1)
 	go func() { exited <- cmd.Wait() }()
-	signalGroup := func(s syscall.Signal) { syscall.Kill(-cmd.Process.Pid, s) }
 	for {
 		select {
 		case err := <-exited:
+			// The guard ends once the command's whole group has.
 			return &childExit{status: status(err)}
 		case s := <-sigs:
-			signalGroup(s.(syscall.Signal))
+			cmd.Process.Signal(s) // the guard forwards it to the command's group
 		case <-ctx.Done():
 			cause := context.Cause(ctx)
-			signalGroup(syscall.SIGTERM)
-			grace := time.NewTimer(c.Duration("grace"))
-			defer grace.Stop()
+			// The guard stops the group: SIGTERM, SIGKILL after the grace.
+			cmd.Process.Signal(guardStop)
+			grace := c.Duration("grace")
+			stuck := time.NewTimer(2*grace + sweepKillWait + 5*time.Second)
+			defer stuck.Stop()
 			var err error
 			select {
 			case err = <-exited:
-			case <-grace.C:
-				signalGroup(syscall.SIGKILL)
+			case <-stuck.C:
+				fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked: the guard did not stop the command; killing it\n")
+				cmd.Process.Kill()
 				err = <-exited
 			}
 			return &childExit{status: status(err), lost: cause}

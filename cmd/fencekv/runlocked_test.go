@@ -5,8 +5,10 @@ package main
 // and what happens when the lease is lost while the child runs.
 
 import (
+	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -571,4 +573,114 @@ func stopped(pid int) bool {
 		}
 	}
 	return true
+}
+
+// TestRunLockedStopsLeftovers: what the command leaves running in its
+// process group (here a loop that ignores SIGTERM) does not outlive
+// run-locked, nor hold on past the lock: it is stopped (SIGTERM, then
+// SIGKILL after --grace) before the lock is released, when the command
+// exits and when the lease is lost. Before, a background job went on
+// writing with the old token after the next holder had the lock.
+func TestRunLockedStopsLeftovers(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	for _, tt := range []struct {
+		name, command string
+		lose          bool
+		want          int
+	}{
+		{"command exits", `sh "$DIR/straggler.sh" & until [ -s "$DIR/straggler.pid" ]; do sleep 0.01; done; exit 0`, false, 0},
+		{"lease lost", `sh "$DIR/straggler.sh" & ` + recordAndSleep, true, exitFenced},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			dir := t.TempDir()
+			script := `trap '' TERM; echo $$ > "$DIR/straggler.pid"; while :; do echo x >> "$DIR/log"; sleep 0.05; done`
+			if err := os.WriteFile(filepath.Join(dir, "straggler.sh"), []byte(script), 0o600); err != nil {
+				t.Fatal(err)
+			}
+			c := s.shell(t, "DIR="+dir)
+			lock := strings.ReplaceAll(tt.name, " ", "-")
+			p := c.start("run-locked", lock, "--ttl", "2s", "--grace", "300ms", "--", "sh", "-c", tt.command)
+			var straggler int
+			waitFor(t, 10*time.Second, "the straggler to start", func() bool {
+				straggler, _ = strconv.Atoi(strings.TrimSpace(readFile(t, filepath.Join(dir, "straggler.pid"))))
+				return straggler > 0
+			})
+			t.Cleanup(func() { syscall.Kill(straggler, syscall.SIGKILL) })
+			if tt.lose {
+				_, tok := childInfo(t, filepath.Join(dir, lock))
+				c.ok("lock", "release", lock, "--token", strconv.FormatUint(tok, 10))
+			}
+			r := p.wait(t, 10*time.Second)
+			wantEqual(t, "run-locked exit status", r.code, tt.want)
+			wantGone(t, straggler)
+			n := len(readFile(t, filepath.Join(dir, "log")))
+			time.Sleep(200 * time.Millisecond) // the loop writes every 50ms, if it runs
+			if m := len(readFile(t, filepath.Join(dir, "log"))); m != n {
+				t.Errorf("the command's leftover went on writing after run-locked exited (%d bytes, then %d)", n, m)
+			}
+		})
+	}
+}
+
+// TestRunLockedSignalWhileWaiting: SIGTERM or SIGINT to a run-locked that
+// is still queued for its lock ends the wait at once (exit 128+signal),
+// and the command never runs. Before, the signal waited in a channel until
+// the lock was granted, and was then delivered to the command it started.
+func TestRunLockedSignalWhileWaiting(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	for _, sig := range []syscall.Signal{syscall.SIGTERM, syscall.SIGINT} {
+		t.Run(sig.String(), func(t *testing.T) {
+			c := s.shell(t)
+			lock := "busy-" + strconv.Itoa(int(sig))
+			c.ok("lock", "acquire", lock, "--ttl", "30s")
+			ran := filepath.Join(t.TempDir(), "ran")
+			p := c.start("run-locked", lock, "--wait", "30s", "--", "touch", ran)
+			waitFor(t, 10*time.Second, "run-locked to queue", func() bool {
+				return c.jsonOK("lock", "info", lock)["waiters"] == float64(1)
+			})
+			if err := syscall.Kill(p.cmd.Process.Pid, sig); err != nil {
+				t.Fatal(err)
+			}
+			r := p.wait(t, 5*time.Second)
+			wantEqual(t, "run-locked exit status", r.code, 128+int(sig))
+			wantContains(t, "stderr", r.stderr, "while waiting for the lock")
+			if _, err := os.Stat(ran); err == nil {
+				t.Error("the command ran after run-locked was told to stop")
+			}
+			waitFor(t, 10*time.Second, "the queued acquire to be gone", func() bool {
+				return c.jsonOK("lock", "info", lock)["waiters"] == float64(0)
+			})
+		})
+	}
+}
+
+// TestRunLockedTerminalStdin: a command run from a terminal that reads its
+// standard input gets end of file rather than stopping for good. It runs in
+// a process group of its own, out of the terminal's foreground, where a
+// read of the terminal stops it (SIGTTIN) while run-locked goes on renewing
+// the lock. Run under script(1), which gives it a terminal; skipped where
+// script is missing.
+func TestRunLockedTerminalStdin(t *testing.T) {
+	t.Parallel()
+	script, err := exec.LookPath("script")
+	if err != nil {
+		t.Skip("no script(1) here")
+	}
+	s := startServer(t, t.TempDir())
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	line := bin + ` run-locked tty --ttl 2s -- sh -c 'read a; echo "got=[$a]"'`
+	cmd := exec.CommandContext(ctx, script, "-qec", line, "/dev/null")
+	cmd.Env = cleanEnv("FENCEKV_ADDR=" + s.addr)
+	cmd.Stdin = strings.NewReader("typed\n")
+	out, err := cmd.CombinedOutput()
+	if ctx.Err() != nil {
+		t.Fatalf("run-locked under a terminal still ran after 15s (a command reading the terminal was stopped): %q", out)
+	}
+	if err != nil || !strings.Contains(string(out), "got=[]") {
+		t.Fatalf("run-locked under a terminal: %v, %q; want the command to read end of file", err, out)
+	}
+	wantFields(t, s.shell(t).jsonOK("lock", "info", "tty"), map[string]any{"held": false})
 }
