@@ -18,7 +18,8 @@ var ErrLeaseLost = errors.New("wire: lease lost")
 // free and renews every third of the TTL.
 type LockOptions struct {
 	fencekv.AcquireOptions
-	// RenewEvery is the renew period; 0 means TTL/3. A renew that fails
+	// RenewEvery is the renew period; 0 means a third of the TTL less
+	// Margin. A renew that fails
 	// for want of a connection or a leader (anything but a refusal) is
 	// tried again sooner, every quarter of the period.
 	RenewEvery time.Duration
@@ -26,6 +27,12 @@ type LockOptions struct {
 	// release that fails with the connection (or unavailable) is tried
 	// again, so that a lock whose server is back in time is released.
 	ReleaseTimeout time.Duration
+	// Margin is how long before the lease may run out fn's context is
+	// cancelled: time for fn to stop what it does before the server may
+	// expire the lease and grant the lock to another. 0: none (the
+	// context ends as the lease may run out); it must be shorter than the
+	// TTL.
+	Margin time.Duration
 }
 
 // WithLock acquires name for ttl (waiting up to o.Wait), calls fn with a
@@ -35,10 +42,11 @@ type LockOptions struct {
 // fn's context is cancelled, with cause ErrLeaseLost, as soon as the lease
 // may be lost: when a renew is refused (not_holder, lease_expired), or when
 // the time since the last successful renew's request was sent (or since the
-// acquire was sent) reaches the TTL — measured on this machine's clock, so
-// it fires even if the server or the network is stuck. Because the server
-// measures the same lease from a later moment, the client always gives up
-// first. fn's context is also cancelled with ErrLeaseLost (and
+// acquire was sent) reaches the TTL less o.Margin — measured on this
+// machine's clock, so it fires even if the server or the network is stuck.
+// Because the server measures the same lease from a later moment, the
+// client always gives up first, by at least the margin: give fn the time
+// it needs to stop as the margin. fn's context is also cancelled with ErrLeaseLost (and
 // ErrClientClosed) when the client is closed, since no renew can be sent
 // then. fn should still pass l.Token with every write (fencekv.WriteOptions
 // {Token: l.Token}): the fence is what stops a write that was already on
@@ -76,6 +84,9 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	if o != nil {
 		lo = *o
 	}
+	if lo.Margin < 0 || lo.Margin >= ttl {
+		return &fencekv.Error{Code: fencekv.CodeBadRequest, Message: fmt.Sprintf("lock margin %v: want 0 or more, and shorter than the TTL of %v", lo.Margin, ttl)}
+	}
 	sent := time.Now()
 	l, err := c.Acquire(ctx, name, ttl, &lo.AcquireOptions)
 	if err != nil {
@@ -97,7 +108,7 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	}
 	every := lo.RenewEvery
 	if every <= 0 {
-		every = ttl / 3
+		every = (ttl - lo.Margin) / 3
 	}
 	lctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
@@ -105,7 +116,7 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	stop := make(chan struct{})
 	if !c.spawn(func() {
 		defer close(keeperDone)
-		c.keepAlive(lctx, cancel, l, sent, every, stop)
+		c.keepAlive(lctx, cancel, l, sent, every, lo.Margin, stop)
 	}) {
 		// Closed since the acquire: the lease can be neither kept nor
 		// released, and runs out on the server.
@@ -198,8 +209,10 @@ func retryable(err error) bool {
 // ErrLeaseLost once the lease may be lost. sent is when the request that
 // last gave the lease its full TTL was sent. The renews are sent by one
 // goroutine, started here and ended before keepAlive returns.
-func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, l fencekv.Lease, sent time.Time, every time.Duration, stop <-chan struct{}) {
+func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, l fencekv.Lease, sent time.Time, every, margin time.Duration, stop <-chan struct{}) {
 	ttl := l.TTL
+	// When the lease is taken as lost: margin before it may run out.
+	keep := ttl - margin
 	closed := func() {
 		cancel(fmt.Errorf("%w: no renew of %q (token %d) can be sent: %w", ErrLeaseLost, l.Name, l.Token, ErrClientClosed))
 	}
@@ -242,7 +255,7 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 		close(renew)
 		<-renewerDone
 	}()
-	deadline := time.NewTimer(time.Until(sent.Add(ttl)))
+	deadline := time.NewTimer(time.Until(sent.Add(keep)))
 	defer deadline.Stop()
 	tick := time.NewTicker(every)
 	defer tick.Stop()
@@ -273,7 +286,11 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 			if lastErr != nil {
 				why = fmt.Sprintf(" (last: %v)", lastErr)
 			}
-			cancel(fmt.Errorf("%w: no renew of %q (token %d) succeeded within its TTL of %v%s", ErrLeaseLost, l.Name, l.Token, ttl, why))
+			within := fmt.Sprintf("its TTL of %v", ttl)
+			if margin > 0 {
+				within = fmt.Sprintf("%v of its TTL of %v (a margin of %v)", keep, ttl, margin)
+			}
+			cancel(fmt.Errorf("%w: no renew of %q (token %d) succeeded within %s%s", ErrLeaseLost, l.Name, l.Token, within, why))
 			return
 		case <-tick.C:
 			send()
@@ -286,7 +303,7 @@ func (c *Client) keepAlive(ctx context.Context, cancel context.CancelCauseFunc, 
 				lastErr = nil
 				if r.sent.After(sent) {
 					sent = r.sent
-					deadline.Reset(time.Until(sent.Add(ttl)))
+					deadline.Reset(time.Until(sent.Add(keep)))
 				}
 			case errors.Is(r.err, fencekv.ErrNotHolder), errors.Is(r.err, fencekv.ErrLeaseExpired):
 				cancel(fmt.Errorf("%w: %w", ErrLeaseLost, r.err))

@@ -360,3 +360,36 @@ func TestWithLockLostFnCtxErr(t *testing.T) {
 		t.Fatalf("WithLock = %v; want ErrLeaseLost, not_holder and context.Canceled", err)
 	}
 }
+
+// TestWithLockMargin: with a margin, fn's context ends that long before
+// the lease may run out (measured from the acquire's send, the renews
+// being stuck), so that fn has stopped by the time the server may expire
+// the lease; a margin not shorter than the TTL is refused.
+func TestWithLockMargin(t *testing.T) {
+	ctx := context.Background()
+	db, err := fencekv.Open(t.TempDir(), nil)
+	ok(t, err)
+	t.Cleanup(func() { db.Close() })
+	eng := &stallRenews{DB: db, stalled: make(chan struct{}, 1), unstall: make(chan struct{})}
+	_, addr, _ := serveEngine(t, eng, wire.DefaultConfig())
+	t.Cleanup(eng.let)
+	c := dial(t, addr)
+	const ttl, margin = 4 * time.Second, 2 * time.Second
+	err = c.WithLock(ctx, "m", ttl, &wire.LockOptions{Margin: ttl}, func(context.Context, fencekv.Lease) error { return nil })
+	wantCode(t, err, fencekv.CodeBadRequest)
+
+	start := time.Now()
+	var lost time.Duration
+	err = c.WithLock(ctx, "m", ttl, &wire.LockOptions{Margin: margin, ReleaseTimeout: 100 * time.Millisecond},
+		func(lctx context.Context, _ fencekv.Lease) error {
+			<-lctx.Done()
+			lost = time.Since(start)
+			return nil
+		})
+	if !errors.Is(err, wire.ErrLeaseLost) {
+		t.Fatalf("WithLock with every renew stuck = %v; want ErrLeaseLost", err)
+	}
+	if lost < ttl-margin-50*time.Millisecond || lost >= ttl-margin/4 {
+		t.Fatalf("the lease was taken as lost %v after the acquire; want about %v (the TTL of %v less the margin of %v)", lost, ttl-margin, ttl, margin)
+	}
+}

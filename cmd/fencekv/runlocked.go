@@ -23,14 +23,15 @@ func runLockedCommand() *cli.Command {
 		Name:      "run-locked",
 		Usage:     "run a command while holding a lock (like flock(1), distributed)",
 		ArgsUsage: "NAME -- COMMAND [ARGS...]",
-		UsageText: `fencekv run-locked NAME [--ttl 10s] [--wait 30s] [--grace 10s] [--lost-status 3] -- COMMAND [ARGS...]
+		UsageText: `fencekv run-locked NAME [--ttl 10s] [--wait 30s] [--grace 3s] [--lock-delay D] [--lost-status 3] -- COMMAND [ARGS...]
 
 Acquires NAME (queueing up to --wait), runs COMMAND with FENCEKV_TOKEN,
 FENCEKV_LOCK and FENCEKV_ADDR in its environment, and renews the lease while it
 runs, through reconnects: a server restarted (or, in a cluster, a new leader)
 within the TTL costs nothing. If the lease may be lost (a renew is refused, or
-none succeeded within the TTL), the command's process group is sent SIGTERM,
-then SIGKILL after --grace; run-locked then releases the lock if the server
+none succeeded within the TTL less --grace), the command's process group is
+sent SIGTERM, then SIGKILL after --grace, so that it has stopped before the
+server may expire the lease; run-locked then releases the lock if the server
 still holds it for this lease, and exits with --lost-status (3). When the
 command ends, what it left running in its process group is stopped the same
 way, the lock is released and run-locked exits with the command's status;
@@ -51,7 +52,8 @@ if it is ever too late:
 		Flags: flags(clientFlags(), []cli.Flag{
 			&cli.DurationFlag{Name: "ttl", Value: 10 * time.Second, Usage: "lease length (renewed every third of it)"},
 			&cli.DurationFlag{Name: "wait", Value: 30 * time.Second, Usage: "queue for the lock up to this long"},
-			&cli.DurationFlag{Name: "grace", Value: 10 * time.Second, Usage: "after SIGTERM, wait this long before SIGKILL"},
+			&cli.DurationFlag{Name: "grace", Value: 3 * time.Second, Usage: "after SIGTERM, wait this long before SIGKILL; on a lost lease the command gets SIGTERM this long before the lease may run out (shorter than --ttl; by default 3s, or a third of --ttl if less)"},
+			&cli.DurationFlag{Name: "lock-delay", Usage: "after the lease runs out (not after a release), nobody may take the lock for this long: for commands that cannot fence their writes"},
 			&cli.IntFlag{Name: "lost-status", Value: exitFenced, Usage: "exit `STATUS` when the lease may have been lost and the command was stopped (1-255)"},
 			&cli.StringFlag{Name: "holder", Usage: "holder name shown by 'lock info' (default host:pid)"},
 		}),
@@ -131,8 +133,18 @@ func runLocked(c *cli.Context) error {
 		return runLockedResult(c, report, err)
 	}
 	defer cl.Close()
+	ttl, grace := c.Duration("ttl"), c.Duration("grace")
+	if !c.IsSet("grace") {
+		grace = min(grace, ttl/3)
+	}
+	if grace < 0 || grace >= ttl {
+		return usagef("run-locked: --grace %v: want 0 or more, and shorter than --ttl (%v): on a lost lease the command gets SIGTERM --grace before the lease may run out", grace, ttl)
+	}
 	lo := &wire.LockOptions{
-		AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder},
+		AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder, LockDelay: c.Duration("lock-delay")},
+		// The command is told to stop grace before the lease may run
+		// out, so that by then it has stopped, SIGKILL included.
+		Margin: grace,
 		// After a lost lease, the release is tried for up to the TTL:
 		// a server back by then (restarted, so the lease has its full TTL
 		// again) frees the lock at once rather than a TTL later.
@@ -169,7 +181,7 @@ func runLocked(c *cli.Context) error {
 		if cause := context.Cause(wctx); cause != nil {
 			return cause // signalled as the lock was granted: released unused
 		}
-		return runChild(lctx, c, l, argv, sigs)
+		return runChild(lctx, c, l, argv, sigs, grace)
 	})
 	var ce *childExit
 	var sig signalled
@@ -227,11 +239,11 @@ func runLockedResult(c *cli.Context, report map[string]any, err error) error {
 
 // runChild runs argv with the lease in its environment until it exits, or
 // until ctx ends because the lease may be lost; then it stops the child.
-func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []string, sigs <-chan os.Signal) error {
+func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration) error {
 	// Under a guard (guard.go): if run-locked dies, even by SIGKILL, the
 	// command's whole process group is stopped, so that a job never
 	// outlives the process that holds its lock.
-	cmd, err := guardCommand(c.Duration("grace"), argv)
+	cmd, err := guardCommand(grace, argv)
 	if err != nil {
 		fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked: %v\n", err)
 		return &childExit{status: 127}
@@ -271,7 +283,6 @@ func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []strin
 			cause := context.Cause(ctx)
 			// The guard stops the group: SIGTERM, SIGKILL after the grace.
 			cmd.Process.Signal(guardStop)
-			grace := c.Duration("grace")
 			stuck := time.NewTimer(2*grace + sweepKillWait + 5*time.Second)
 			defer stuck.Stop()
 			var err error
