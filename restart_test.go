@@ -8,8 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"path/filepath"
 	"testing"
 	"time"
 
@@ -239,7 +237,7 @@ func TestRestartAfterLockInfo(t *testing.T) {
 						t.Fatal(err)
 					}
 					crashed := t.TempDir()
-					copyFiles(t, dir, crashed)
+					fencekvtest.CopyFiles(t, dir, crashed)
 					after := lockInfo(t, openDB(t, crashed, fencekvtest.NewClock(), nil), "L")
 					if in.Token != l.Token || after.Token != l.Token {
 						t.Fatalf("round %d, %s: tokens %d then %d after a crash; want %d", round, step, in.Token, after.Token, l.Token)
@@ -254,67 +252,5 @@ func TestRestartAfterLockInfo(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-// copyFiles copies the files of dir from into dir to.
-func copyFiles(t *testing.T, from, to string) {
-	t.Helper()
-	ents, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		if !e.Type().IsRegular() {
-			continue
-		}
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
-	}
-}
-
-// TestLockInfoWithoutCommitWait: a read with WithoutCommitWait never waits
-// for a commit, so a caller that holds the lead (StartLed, as the wire
-// event loop does in a round that started writes) may read a lock whose
-// expiry is pending: it is reported held with no time left, not free. The
-// expiry is pending for sure here: the expiry loop's command, if it has
-// sent it, waits behind the test's lead.
-func TestLockInfoWithoutCommitWait(t *testing.T) {
-	db, clock := newDB(t)
-	ctx := context.Background()
-	l := acquire(t, db, "L", time.Second, nil)
-	done := make(chan fencekv.Result, 1)
-	put := fencekv.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v")}
-	if !db.StartLed(ctx, put, fencekv.WriteOptions{}, func(r fencekv.Result) { done <- r }) {
-		t.Fatal("StartLed on an idle DB did not make the caller the leader")
-	}
-	clock.Advance(time.Second)
-	read := make(chan fencekv.LockInfo, 1)
-	go func() {
-		in, err := db.LockInfo(fencekv.WithoutCommitWait(ctx), "L")
-		if err != nil {
-			t.Error(err)
-		}
-		read <- in
-	}()
-	select {
-	case in := <-read:
-		if want := (fencekv.LockInfo{Name: "L", Held: true, Token: l.Token}); in != want || !in.ExpiryPending() {
-			t.Errorf("LockInfo with the expiry pending = %+v; want %+v", in, want)
-		}
-	case <-time.After(10 * time.Second):
-		t.Error("LockInfo waited for a commit while its caller leads")
-	}
-	db.Lead()
-	if r := <-done; r.Err != nil {
-		t.Fatal(r.Err)
-	}
-	if in := lockInfo(t, db, "L"); in.Held || in.ExpiryPending() {
-		t.Fatalf("LockInfo after the lead = %+v; want free", in)
 	}
 }

@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wal"
 	"github.com/hashicorp/raft"
 	raftboltdb "github.com/hashicorp/raft-boltdb/v2"
@@ -350,7 +351,7 @@ func TestLogStoreRemovalCrash(t *testing.T) {
 			}
 			for crashAt := 0; ; crashAt++ {
 				crashDir := t.TempDir()
-				copyDir(t, dir, crashDir)
+				fencekvtest.CopyFiles(t, dir, crashDir)
 				removed := 0
 				removeSegmentFile = func(path string) error {
 					if removed == crashAt {
@@ -398,23 +399,6 @@ func TestLogStoreRemovalCrash(t *testing.T) {
 				}
 			}
 		})
-	}
-}
-
-func copyDir(t *testing.T, from, to string) {
-	t.Helper()
-	ents, err := os.ReadDir(from)
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, e := range ents {
-		b, err := os.ReadFile(filepath.Join(from, e.Name()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := os.WriteFile(filepath.Join(to, e.Name()), b, 0o600); err != nil {
-			t.Fatal(err)
-		}
 	}
 }
 
