@@ -19,9 +19,9 @@ var ErrLeaseLost = errors.New("wire: lease lost")
 type LockOptions struct {
 	fencekv.AcquireOptions
 	// RenewEvery is the renew period; 0 means a third of the TTL less
-	// Margin. A renew that fails
-	// for want of a connection or a leader (anything but a refusal) is
-	// tried again sooner, every quarter of the period.
+	// Margin. A renew that fails for want of a connection or a leader
+	// (anything but a refusal) is tried again sooner, every quarter of
+	// the period.
 	RenewEvery time.Duration
 	// ReleaseTimeout bounds the final release; 0 means 5s. Within it, a
 	// release that fails with the connection (or unavailable) is tried
@@ -46,9 +46,9 @@ type LockOptions struct {
 // machine's clock, so it fires even if the server or the network is stuck.
 // Because the server measures the same lease from a later moment, the
 // client always gives up first, by at least the margin: give fn the time
-// it needs to stop as the margin. fn's context is also cancelled with ErrLeaseLost (and
-// ErrClientClosed) when the client is closed, since no renew can be sent
-// then. fn should still pass l.Token with every write (fencekv.WriteOptions
+// it needs to stop as the margin. fn's context is also cancelled with
+// ErrLeaseLost (and ErrClientClosed) when the client is closed, since no
+// renew can be sent then. fn should still pass l.Token with every write (fencekv.WriteOptions
 // {Token: l.Token}): the fence is what stops a write that was already on
 // its way.
 //

@@ -41,6 +41,7 @@ const (
 	errUnavailable = "unavailable" // no connection, or it broke (outcome "unknown": a write may have been applied)
 	errTimeout     = "timeout"     // no answer within --timeout
 	errLeaseLost   = "lease_lost"  // run-locked: the lease may have been lost
+	errSignalled   = "signalled"   // run-locked: a signal ended the wait for the lock
 	errOther       = "error"       // anything else (a local file, a broken data dir, ...)
 )
 
@@ -51,7 +52,7 @@ const (
 // CODE is the refusal's code (stale_token, lock_held, ...: wire/PROTOCOL.md
 // §6) with its facts (fence, token, holder, retry_ms, revision, key,
 // leader, outcome), or one of usage, unavailable, timeout, lease_lost,
-// error.
+// signalled, error.
 func errorJSON(err error) map[string]any {
 	out := map[string]any{"error": errOther, "message": err.Error()}
 	var fe *fencekv.Error

@@ -194,7 +194,7 @@ func runLocked(c *cli.Context) error {
 			fmt.Fprintf(c.App.ErrWriter, "fencekv: %v\n", err)
 			return statusError(128 + int(sig.s))
 		}
-		report["error"] = err.Error()
+		report["error"], report["message"] = errSignalled, err.Error()
 		json.NewEncoder(c.App.ErrWriter).Encode(report)
 		return statusError(128 + int(sig.s))
 	case errors.As(err, &ce) && ce.lost != nil:

@@ -636,7 +636,7 @@ func TestRunLockedSignalWhileWaiting(t *testing.T) {
 			lock := "busy-" + strconv.Itoa(int(sig))
 			c.ok("lock", "acquire", lock, "--ttl", "30s")
 			ran := filepath.Join(t.TempDir(), "ran")
-			p := c.start("run-locked", lock, "--wait", "30s", "--", "touch", ran)
+			p := c.start("run-locked", lock, "--wait", "30s", "--json", "--", "touch", ran)
 			waitFor(t, 10*time.Second, "run-locked to queue", func() bool {
 				return c.jsonOK("lock", "info", lock)["waiters"] == float64(1)
 			})
@@ -646,6 +646,7 @@ func TestRunLockedSignalWhileWaiting(t *testing.T) {
 			r := p.wait(t, 5*time.Second)
 			wantEqual(t, "run-locked exit status", r.code, 128+int(sig))
 			wantContains(t, "stderr", r.stderr, "while waiting for the lock")
+			wantFields(t, decodeJSON(t, r.stderr), map[string]any{"error": "signalled", "status": float64(128 + int(sig))})
 			if _, err := os.Stat(ran); err == nil {
 				t.Error("the command ran after run-locked was told to stop")
 			}
