@@ -114,6 +114,11 @@ func transient(err error) (retry, unknown bool) {
 	case errors.Is(err, context.Canceled), errors.Is(err, context.DeadlineExceeded):
 		return false, false
 	}
+	var ce *wire.ConnError
+	if errors.As(err, &ce) {
+		// The client knows whether anything of the call was sent.
+		return true, ce.Outcome == fencekv.OutcomeUnknown
+	}
 	return true, true // the connection broke: the request may have arrived
 }
 
