@@ -131,9 +131,10 @@ type Tail struct {
 
 // Log is an open write-ahead log.
 type Log struct {
-	f   *os.File
-	off int64  // where the next record goes
-	buf []byte // reused for appends
+	f      *os.File
+	off    int64  // where the next record goes
+	synced int64  // the records before it are synced (see Synced)
+	buf    []byte // reused for appends
 }
 
 // Record is a record read back by Open.
@@ -364,18 +365,24 @@ func (l *Log) Sync() error {
 	if err := fdatasync(l.f); err != nil {
 		return fmt.Errorf("wal: sync: %w", err)
 	}
+	l.synced = l.off
 	return nil
 }
 
 // Size is the length of the records since the last Reset, in bytes.
 func (l *Log) Size() int64 { return l.off }
 
+// Synced is the length of the records, from the start of the file, that
+// the last Sync (or Truncate) made durable: less than Size while records
+// appended since wait for a sync.
+func (l *Log) Synced() int64 { return l.synced }
+
 // Reset starts the log over: the next record is written at the start of
 // the file. Call it only once every record is reflected elsewhere (a
 // checkpoint) and durable there; the next Open must be given the last
 // record's number as after.
 func (l *Log) Reset() {
-	l.off = 0
+	l.off, l.synced = 0, 0
 }
 
 // Close closes the file. It does not sync.
@@ -408,5 +415,6 @@ func (l *Log) Truncate(off int64) error {
 		return fmt.Errorf("wal: truncate: %w", err)
 	}
 	l.off = off
+	l.synced = min(l.synced, off)
 	return nil
 }
