@@ -288,42 +288,66 @@ func (db *DB) LockInfo(ctx context.Context, name string) (LockInfo, error) {
 	if err := db.opts.CheckName(name); err != nil {
 		return LockInfo{}, err
 	}
-	in, err := db.m.LockInfo(db.now(), name)
-	if err != nil || !in.ExpiryPending() || noCommitWait(ctx) {
-		return in, err
+	read := func() (LockInfo, error) { return db.m.LockInfo(db.now(), name) }
+	if noCommitWait(ctx) {
+		return read()
 	}
-	if err := db.applyExpiries(ctx, []string{name}); err != nil {
-		return LockInfo{}, err
-	}
-	return db.m.LockInfo(db.now(), name)
+	return AfterExpiries(read, func(in LockInfo) []LockInfo { return []LockInfo{in} },
+		func(names []string) error { return db.applyExpiries(ctx, names) })
 }
 
 // Locks lists up to limit held locks whose names start with prefix, in
-// byte order, from start (inclusive).
+// byte order, from start (inclusive). Expiries pending on them are applied
+// first, as for LockInfo.
 func (db *DB) Locks(ctx context.Context, prefix, start string, limit int) (locks []LockInfo, more bool, err error) {
 	limit, err = db.opts.Limit(limit)
 	if err != nil {
 		return nil, false, err
 	}
-	locks, more, err = db.m.Locks(db.now(), prefix, start, limit, db.opts.MaxScanBytes)
-	if err != nil || noCommitWait(ctx) {
-		return locks, more, err
+	type page struct {
+		locks []LockInfo
+		more  bool
 	}
-	// As LockInfo: leases that ran out are left out once their expiries
-	// are applied.
+	read := func() (page, error) {
+		locks, more, err := db.m.Locks(db.now(), prefix, start, limit, db.opts.MaxScanBytes)
+		return page{locks, more}, err
+	}
+	var p page
+	if noCommitWait(ctx) {
+		p, err = read()
+	} else {
+		p, err = AfterExpiries(read, func(p page) []LockInfo { return p.locks },
+			func(names []string) error { return db.applyExpiries(ctx, names) })
+	}
+	return p.locks, p.more, err
+}
+
+// AfterExpiries is how a lock read reports leases that have run out: it
+// reads, and if a lock read has its expiry pending (LockInfo.ExpiryPending),
+// applies those expiries with apply, which waits for their commit, and
+// reads again. A lease that ran out is so reported free (or left out of a
+// list) once its expiry is applied, never before: until then a restart, or
+// a new leader, would give it its full TTL again. locks gives the locks a
+// read reports.
+func AfterExpiries[T any](read func() (T, error), locks func(T) []LockInfo, apply func(names []string) error) (T, error) {
+	v, err := read()
+	if err != nil {
+		return v, err
+	}
 	var due []string
-	for _, in := range locks {
+	for _, in := range locks(v) {
 		if in.ExpiryPending() {
 			due = append(due, in.Name)
 		}
 	}
 	if len(due) == 0 {
-		return locks, more, nil
+		return v, nil
 	}
-	if err := db.applyExpiries(ctx, due); err != nil {
-		return nil, false, err
+	if err := apply(due); err != nil {
+		var zero T
+		return zero, err
 	}
-	return db.m.Locks(db.now(), prefix, start, limit, db.opts.MaxScanBytes)
+	return read()
 }
 
 // Status describes the store.

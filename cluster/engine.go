@@ -184,25 +184,19 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 		return fencekv.LockInfo{}, err
 	}
 	return read(ctx, n, func() (fencekv.LockInfo, error) {
-		in, err := n.m.LockInfo(n.now(), name)
-		if err != nil || !in.ExpiryPending() || fencekv.StaleReads(ctx) {
-			return in, err
+		info := func() (fencekv.LockInfo, error) { return n.m.LockInfo(n.now(), name) }
+		if fencekv.StaleReads(ctx) {
+			return info()
 		}
-		if err := n.commitExpiries(ctx, []string{name}); err != nil {
-			return fencekv.LockInfo{}, err
-		}
-		return n.m.LockInfo(n.now(), name)
+		return fencekv.AfterExpiries(info, func(in fencekv.LockInfo) []fencekv.LockInfo { return []fencekv.LockInfo{in} },
+			func(names []string) error { return n.commitExpiries(ctx, names) })
 	}, func(c *wire.Client) (fencekv.LockInfo, error) { return c.LockInfo(ctx, name) })
 }
 
 // commitExpiries proposes the expiries of locks that a linearizable read
-// found pending (a lease that ran out, a lock-delay that ended: see
-// LockInfo.ExpiryPending), and waits until they are applied, so that the
-// read reports them free rather than held with no time left. The leader's
-// expiry loop is about to propose them anyway; this only spares the reader
-// its latency. Until an expiry is committed the lock must be reported
-// held: a new leader would re-arm the lease with its full TTL. A stale read
-// does not wait for them.
+// found pending (fencekv.AfterExpiries), and waits until they are applied.
+// The leader's expiry loop is about to propose them anyway; this only
+// spares the reader its latency. A stale read does not wait for them.
 func (n *Node) commitExpiries(ctx context.Context, locks []string) error {
 	for _, lock := range locks {
 		if _, err := n.propose(ctx, fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: lock}}); err != nil {
@@ -219,24 +213,15 @@ func (n *Node) Locks(ctx context.Context, prefix, start string, limit int) ([]fe
 		return nil, false, err
 	}
 	p, err := read(ctx, n, func() (page[fencekv.LockInfo], error) {
-		items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
-		if err != nil || fencekv.StaleReads(ctx) {
+		list := func() (page[fencekv.LockInfo], error) {
+			items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
 			return page[fencekv.LockInfo]{items, more}, err
 		}
-		var due []string
-		for _, in := range items {
-			if in.ExpiryPending() {
-				due = append(due, in.Name)
-			}
+		if fencekv.StaleReads(ctx) {
+			return list()
 		}
-		if len(due) == 0 {
-			return page[fencekv.LockInfo]{items, more}, nil
-		}
-		if err := n.commitExpiries(ctx, due); err != nil {
-			return page[fencekv.LockInfo]{}, err
-		}
-		items, more, err = n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
-		return page[fencekv.LockInfo]{items, more}, err
+		return fencekv.AfterExpiries(list, func(p page[fencekv.LockInfo]) []fencekv.LockInfo { return p.items },
+			func(names []string) error { return n.commitExpiries(ctx, names) })
 	}, func(c *wire.Client) (page[fencekv.LockInfo], error) {
 		items, more, err := c.Locks(ctx, prefix, start, limit)
 		return page[fencekv.LockInfo]{items, more}, err

@@ -88,25 +88,34 @@ func (c *conn) authorize(ctx context.Context, method string, a *args) (context.C
 	if method == "auth" {
 		return context.WithValue(ctx, connKey, c), nil
 	}
-	au := c.s.cfg.Auth
-	if au == nil || method == "ping" {
+	if c.s.cfg.Auth == nil || method == "ping" {
 		return ctx, nil
 	}
-	id := c.sess.id.Load()
-	if id == nil {
-		return ctx, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: "authenticate first (method auth, or a TLS client certificate)"}
-	}
-	p := au.Lookup(id.name)
-	switch {
-	case p == nil:
-		return ctx, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: fmt.Sprintf("principal %.64q is no longer in the auth file", id.name)}
-	case !id.byCert && p.Credential() != id.credential:
-		return ctx, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: fmt.Sprintf("the secret of principal %.64q has changed; authenticate again", id.name)}
-	}
-	if err := allowed(p, method, a); err != nil {
+	p, err := c.permitted(method, a)
+	if err != nil {
 		return ctx, err
 	}
 	return context.WithValue(ctx, principalKey, p), nil
+}
+
+// permitted looks the connection's principal up again, by name, and
+// checks method against its rights (with an auth file only).
+func (c *conn) permitted(method string, a *args) (Principal, *fencekv.Error) {
+	id := c.sess.id.Load()
+	if id == nil {
+		return nil, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: "authenticate first (method auth, or a TLS client certificate)"}
+	}
+	p := c.s.cfg.Auth.Lookup(id.name)
+	switch {
+	case p == nil:
+		return nil, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: fmt.Sprintf("principal %.64q is no longer in the auth file", id.name)}
+	case !id.byCert && p.Credential() != id.credential:
+		return nil, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: fmt.Sprintf("the secret of principal %.64q has changed; authenticate again", id.name)}
+	}
+	if err := allowed(p, method, a); err != nil {
+		return nil, err
+	}
+	return p, nil
 }
 
 // allowed checks a request against the principal's rights. A missing

@@ -84,7 +84,7 @@ func (c *conn) sendEvents(id uint64, w *fencekv.Watcher, rights *args) {
 			break
 		}
 		if c.s.cfg.Auth != nil {
-			if _, ferr := c.authorize(c.base, "watch", rights); ferr != nil {
+			if _, ferr := c.permitted("watch", rights); ferr != nil {
 				cancel("the principal may no longer watch: " + ferr.Message)
 				break
 			}
