@@ -33,6 +33,7 @@ type message struct {
 	params []byte
 	slot   bool  // it holds one of its connection's in-flight slots
 	held   int64 // what its arguments count against the connection's budget
+	inline bool  // served by the event loop goroutine itself: answered at the end of its round
 }
 
 // errNoID is returned by parseMessage when the message is so malformed

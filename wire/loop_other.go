@@ -20,6 +20,7 @@ func (l *eventLoop) resume(*conn)   {}
 func (l *eventLoop) stop(*conn)     {}
 func (l *eventLoop) close()         {}
 func (l *eventLoop) handed()        {}
+func (l *eventLoop) later(*conn)    {}
 func (l *eventLoop) start(context.Context, fencekv.Command, fencekv.WriteOptions, func(fencekv.Result)) {
 }
 func (c *conn) flushRaw([]*encoder, int, bool) {}

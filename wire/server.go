@@ -601,6 +601,7 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 func (c *conn) serveRequest(m message, a *args, idle bool) {
 	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
+		m.inline = c.raw != nil
 		c.handle(m, a)
 		return
 	}
@@ -828,7 +829,7 @@ func (c *conn) send(m message, e *encoder) {
 		c.wmu.Unlock()
 		return
 	}
-	c.write(e, m.slot, m.held)
+	c.write(e, m.slot, m.held, m.inline)
 }
 
 // reply sends an error response from the read loop (which holds no slot).
@@ -837,7 +838,7 @@ func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 	e.response(msgid)
 	e.errorMap(err)
 	e.EncodeNil()
-	c.write(e, false, 0)
+	c.write(e, false, 0, false)
 }
 
 // write sends an answer: it queues it if a flusher is at work, or becomes
@@ -846,7 +847,7 @@ func (c *conn) reply(msgid uint32, _ any, err *fencekv.Error) {
 // handler never waits for a slow client here unless it is the flusher, so
 // handlers do not pile up behind one; what piles up is the queue, which
 // the budget bounds.
-func (c *conn) write(e *encoder, slot bool, held int64) {
+func (c *conn) write(e *encoder, slot bool, held int64, later bool) {
 	c.wmu.Lock()
 	if slot {
 		<-c.slots
@@ -869,6 +870,15 @@ func (c *conn) write(e *encoder, slot bool, held int64) {
 		return
 	}
 	c.flushing = true
+	if later {
+		c.queue = append(c.queue, e)
+		if held > 0 {
+			c.wake()
+		}
+		c.wmu.Unlock()
+		c.s.loop.later(c)
+		return
+	}
 	batch := append(c.batch[:0], e)
 	c.batch = nil
 	if held > 0 {

@@ -144,7 +144,7 @@ func (c *conn) notify(method string, params func(*encoder)) {
 	e.EncodeString(method)
 	e.EncodeArrayLen(1)
 	params(e)
-	c.write(e, false, 0)
+	c.write(e, false, 0, false)
 }
 
 // unwatch stops one of the connection's watchers.
