@@ -6,6 +6,15 @@ package verify
 // porcupine against a model of fencekv's state machine: values, fences
 // (G2, G3), revisions, held writes (G4) and lock grants (G1, G7).
 //
+// Leases are timed: the model lets a lease run out at any point from its
+// TTL after the grant's (or last renew's) call, and requires it to have run
+// out once the TTL and a slack have passed since the grant's (or renew's)
+// return, unless a restart or a new leader may have given it its full TTL
+// again in between (linInput.Quiet). So a held write past the lease that
+// the server accepted fails the check (G4); clients walk away from leases
+// and, like a paused holder waking up, write under them once they must
+// have run out.
+//
 // An operation whose call failed with a connection error or timed out has
 // an unknown outcome: it is recorded with return time "infinity", and the
 // model lets it either have been applied (at any point after its call) or
@@ -107,6 +116,12 @@ type linInput struct {
 	Wait   int64 // acquire: ms to queue
 	Call   int64
 	Return int64
+	// Quiet is when the fault-free stretch of the run that holds the
+	// whole operation (call to return) began, or -1 if a fault (or what
+	// may follow one: a restart, a new leader, both of which give every
+	// lease its full TTL again) overlaps it. Set once the run is over
+	// (markQuiet).
+	Quiet int64
 }
 
 // linOutput is what the server answered. Unknown: no answer (connection
@@ -139,6 +154,8 @@ type linLock struct {
 	Present bool   // a lease record exists: held, or expired and kept
 	Token   uint64 // the record's token; 0 if granted by an acquire with an unknown outcome
 	Since   int64  // the lease's deadline is at least Since + linTTL (renewals and restarts only extend it)
+	Until   int64  // the last grant or renew returned by then: without a restart or new leader since, the deadline is at most Until + linTTL
+	Quiet   int64  // the Quiet of the operation that set Until (-1: none)
 	Expired bool   // an observation showed the lease ran out
 	Last    uint64 // a lower bound of the highest token granted on this lock
 }
@@ -159,7 +176,12 @@ func linInit() linState {
 }
 
 // worlds returns the states the lock may be in for op in: if the lease may
-// have run out by the time op returned, both "still live" and "expired".
+// have run out by the time op returned, both "still live" and "expired";
+// if it must have run out before op was called, only "expired" (G4: a held
+// write past the lease is refused). The lease must have run out when op
+// was called more than linTTL (and linExpirySlack) after the last grant or
+// renew returned, with no fault between them and op's return that could
+// have given the lease its full TTL again (a restart, a new leader).
 func (s linState) worlds(in linInput) []linState {
 	lockOp := in.Held || in.Op == linAcquire || in.Op == linRelease || in.Op == linRenew
 	l := s.Lock
@@ -168,8 +190,17 @@ func (s linState) worlds(in linInput) []linState {
 	}
 	e := s
 	e.Lock.Expired = true
+	if in.Quiet >= 0 && in.Quiet == l.Quiet && l.Until < in.Call-int64(linTTL+linExpirySlack) {
+		return []linState{e}
+	}
 	return []linState{s, e}
 }
+
+// linExpirySlack is how long past Until + linTTL the model still lets a
+// lease live: the server's clock is this machine's, and its lease starts
+// no later than the grant's return, so no slack is needed in principle;
+// this one keeps the check from resting on that to the millisecond.
+const linExpirySlack = 200 * time.Millisecond
 
 // linStep is the nondeterministic step: every state the partition can be
 // in after in with outcome out.
@@ -214,13 +245,13 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 		tok := out.Token
 		if out.Unknown {
 			tok = 0
-			w.Lock = linLock{Present: true, Since: in.Call, Last: l.Last + 1}
+			w.Lock = linLock{Present: true, Since: in.Call, Until: linInfinity, Quiet: -1, Last: l.Last + 1}
 			return w, true
 		}
 		if tok <= l.Last {
 			return w, false // G1: tokens strictly increase
 		}
-		w.Lock = linLock{Present: true, Token: tok, Since: in.Call, Last: tok}
+		w.Lock = linLock{Present: true, Token: tok, Since: in.Call, Until: in.Return, Quiet: in.Quiet, Last: tok}
 		return w, true
 	case linRelease, linRenew:
 		l := w.Lock
@@ -234,7 +265,12 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 		case in.Op == linRelease:
 			w.Lock = linLock{Last: l.Last}
 		default:
+			// A renew with an unknown outcome may have been applied at
+			// any time after its call: Until becomes linInfinity.
 			w.Lock.Since = max(l.Since, in.Call)
+			if in.Return > l.Until {
+				w.Lock.Until, w.Lock.Quiet = in.Return, in.Quiet
+			}
 		}
 		return w, true
 	}
@@ -505,7 +541,7 @@ type linConfig struct {
 }
 
 func TestLinearizable(t *testing.T) {
-	cfg := linConfig{clients: 4, kills: 3, killAfter: [2]time.Duration{700 * time.Millisecond, 1800 * time.Millisecond}, minOps: 50, checkTime: 2 * time.Minute}
+	cfg := linConfig{clients: 4, kills: 3, killAfter: [2]time.Duration{time.Second, 2500 * time.Millisecond}, minOps: 50, checkTime: 2 * time.Minute}
 	if verifyLong() {
 		cfg = linConfig{clients: 6, kills: 30, killAfter: [2]time.Duration{time.Second, 5 * time.Second}, minOps: 200, checkTime: 10 * time.Minute}
 	} else if !testing.Short() {
@@ -583,8 +619,80 @@ func runLinearizable(t *testing.T, cfg linConfig) {
 	r.done.Store(true)
 	wg.Wait()
 	history := r.finish(cfg.clients, seed)
+	// A restart gives every lease its full TTL again: from the kill until
+	// the server is back.
+	var windows [][2]int64
+	for _, a := range annotations {
+		windows = append(windows, [2]int64{a.Start, a.End})
+	}
+	markQuiet(history, windows)
 	r.checkGrants(history)
 	r.check(history, cfg, annotations)
+}
+
+// markQuiet sets each operation's Quiet (see linInput), given the windows
+// of the run in which a lease may have been given its full TTL again.
+func markQuiet(history []porcupine.Operation, windows [][2]int64) {
+	for i := range history {
+		in := history[i].Input.(linInput)
+		in.Quiet = quietAt(windows, history[i].Call, history[i].Return)
+		history[i].Input = in
+	}
+}
+
+// lateHeld counts the held writes the model takes as called after their
+// lease ran out for certain (see worlds): more than linTTL and
+// linExpirySlack after the last grant or renew of their token returned,
+// with no fault in between. The server must refuse every one of them.
+func lateHeld(history []porcupine.Operation) int {
+	type refresh struct{ call, ret, quiet int64 }
+	refreshes := map[[2]uint64][]refresh{} // by partition and token
+	for _, op := range history {
+		in, out := op.Input.(linInput), op.Output.(linOutput)
+		if out.Err != "" {
+			continue
+		}
+		switch {
+		case in.Op == linAcquire && !out.Unknown:
+			k := [2]uint64{uint64(in.Part), out.Token}
+			refreshes[k] = append(refreshes[k], refresh{op.Call, op.Return, in.Quiet})
+		case in.Op == linRenew:
+			k := [2]uint64{uint64(in.Part), in.Token}
+			refreshes[k] = append(refreshes[k], refresh{op.Call, op.Return, in.Quiet})
+		}
+	}
+	n := 0
+	for _, op := range history {
+		in := op.Input.(linInput)
+		if !in.Held || in.Quiet < 0 {
+			continue
+		}
+		var last refresh
+		for _, f := range refreshes[[2]uint64{uint64(in.Part), in.Token}] {
+			if f.call < op.Call && f.ret > last.ret {
+				last = f
+			}
+		}
+		if last.ret > 0 && last.quiet == in.Quiet && last.ret < op.Call-int64(linTTL+linExpirySlack) {
+			n++
+		}
+	}
+	return n
+}
+
+// quietAt returns when the stretch free of windows that holds [call, ret]
+// began (0: the run's start), or -1 if a window overlaps it.
+func quietAt(windows [][2]int64, call, ret int64) int64 {
+	var quiet int64
+	for _, w := range windows {
+		switch {
+		case w[0] <= ret && w[1] >= call:
+			return -1
+		case w[1] < call:
+			quiet = max(quiet, w[1])
+		}
+	}
+	return quiet
 }
 
 // startClients starts n clients, each with its own random source.
@@ -646,6 +754,7 @@ func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations
 	model := linModel()
 	began := time.Now()
 	res := porcupine.CheckOperationsTimeout(model, history, cfg.checkTime)
+	t.Logf("%d held writes called when their lease had run out for certain", lateHeld(history))
 	t.Logf("%d operations (%d with unknown outcome), %d faults, %d clients, %v of load; checked in %v: %s",
 		len(history), unknown, cfg.kills, cfg.clients, load.Round(time.Millisecond),
 		time.Since(began).Round(time.Millisecond), res)
@@ -813,6 +922,10 @@ type linClient struct {
 	// writing under like a paused holder that woke up: -1 for none.
 	zombie      int
 	zombieToken uint64
+	// When the client, as if paused, wakes up to write under the lease it
+	// walked away from, after the lease must have run out (G4); 0: not
+	// paused.
+	wakeAt int64
 }
 
 func (c *linClient) loop() {
@@ -862,10 +975,16 @@ func (c *linClient) pick() linInput {
 			return linInput{Op: linRelease, Part: p, Token: c.token}
 		case x < 20:
 			return linInput{Op: linRenew, Part: p, Token: c.token}
-		case x < 22:
-			// Walk away: let the lease expire, and write under it later.
+		case x < 25:
+			// Walk away: let the lease expire, and write under it later;
+			// as a paused holder does, at once on waking up past the
+			// lease's end: always on lock b, whose expired leases stay
+			// unclaimed for a while, half the time on lock a.
 			c.zombie, c.zombieToken = c.holding, c.token
 			c.holding = -1
+			if p == 1 || r.IntN(2) == 0 {
+				c.wakeAt = c.run.now() + int64(linTTL+linExpirySlack) + r.Int64N(int64(400*time.Millisecond))
+			}
 		case x < 80:
 			in := c.write(p)
 			if in.Op != linGet && r.IntN(4) > 0 {
@@ -875,6 +994,20 @@ func (c *linClient) pick() linInput {
 			return in
 		default:
 			return c.write(p)
+		}
+	}
+	if c.wakeAt > 0 {
+		// The pause is the workload's, not a wait for the server.
+		select {
+		case <-time.After(time.Duration(c.wakeAt - c.run.now())):
+		case <-c.run.ctx.Done():
+		}
+		c.wakeAt = 0
+		for {
+			if in := c.write(c.zombie); in.Op != linGet {
+				in.Token, in.Held, in.Strict = c.zombieToken, true, false
+				return in
+			}
 		}
 	}
 	if c.zombie >= 0 && r.IntN(4) == 0 {

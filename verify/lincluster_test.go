@@ -38,6 +38,7 @@ import (
 	"time"
 
 	"github.com/anishathalye/porcupine"
+	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/cluster/clustertest"
 	"github.com/fencekv/fencekv/wire"
 )
@@ -139,6 +140,96 @@ var linFaults = []linFault{
 	}},
 }
 
+// termWatch records the windows in which a new leader may have taken
+// over. A take-over gives every lease its full TTL again (the rearm), so
+// the model may take a lease as run out only across a stretch with no such
+// window (linInput.Quiet). Every leader has a term of its own, and its
+// rearm comes before any other command of its term in the log: a window
+// runs from before the new term was seen (the start of the previous poll
+// that saw an older one) until a write made after it was acknowledged.
+type termWatch struct {
+	mu      sync.Mutex
+	max     uint64
+	windows [][2]int64
+}
+
+// watchTerms polls every node's term until the run's clients stop.
+func watchTerms(r *linRun, c *clustertest.Cluster, wg *sync.WaitGroup) *termWatch {
+	tw := &termWatch{}
+	for _, nd := range c.Nodes {
+		wg.Go(func() {
+			cl, err := wire.Dial(r.ctx, nd.Client)
+			if err != nil {
+				r.t.Errorf("term watch: dial %s: %v", nd.Name, err)
+				return
+			}
+			defer cl.Close()
+			prev := r.now() // when the last poll that answered began
+			for !r.done.Load() {
+				began := r.now()
+				ctx, cancel := context.WithTimeout(r.ctx, 500*time.Millisecond)
+				term, err := cl.Term(ctx)
+				cancel()
+				if err == nil {
+					if tw.rose(term) {
+						tw.add(prev, tw.settle(r, cl))
+					}
+					prev = began
+				}
+				select {
+				case <-r.ctx.Done():
+					return
+				case <-time.After(50 * time.Millisecond):
+				}
+			}
+		})
+	}
+	return tw
+}
+
+// rose reports whether term is higher than any seen before (but the
+// first).
+func (tw *termWatch) rose(term uint64) bool {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	first := tw.max == 0
+	if term <= tw.max {
+		return false
+	}
+	tw.max = term
+	return !first
+}
+
+// settle writes through cl until a write is acknowledged, and returns
+// when (or the run's end, if none is).
+func (tw *termWatch) settle(r *linRun, cl *wire.Client) int64 {
+	for !r.done.Load() {
+		ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+		_, err := cl.Put(ctx, []byte("lin-term-watch"), []byte("x"), fencekv.WriteOptions{})
+		cancel()
+		if err == nil {
+			return r.now()
+		}
+		select {
+		case <-r.ctx.Done():
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return math.MaxInt64
+}
+
+func (tw *termWatch) add(from, to int64) {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	tw.windows = append(tw.windows, [2]int64{from, to})
+}
+
+func (tw *termWatch) seen() [][2]int64 {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	return append([][2]int64(nil), tw.windows...)
+}
+
 // faultRec is one fault as injected: when it began and when it was undone
 // (times of the run).
 type faultRec struct {
@@ -158,6 +249,7 @@ func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
 		wg.Wait()
 	}()
 	r.startClients(&wg, cfg.clients, seed)
+	terms := watchTerms(r, c, &wg)
 
 	// The main goroutine owns the cluster: faults in turn, each kind as
 	// often as the others, in a random order per cycle.
@@ -211,6 +303,16 @@ func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
 		t.Logf("not applied: %s", s)
 	}
 	r.mu.Unlock()
+	// The model may take a lease as run out only across a stretch with
+	// no fault and no take-over (termWatch).
+	var windows [][2]int64
+	for _, f := range faults {
+		windows = append(windows, [2]int64{f.start, f.end})
+	}
+	changes := terms.seen()
+	windows = append(windows, changes...)
+	t.Logf("%d new terms seen", len(changes))
+	markQuiet(history, windows)
 	r.checkGrants(history)
 	checkFailoverTokens(t, history, faults)
 	checkFences(t, history)
