@@ -60,7 +60,7 @@ type Report struct {
 	Rounds        int // pause-injection rounds run
 	StaleRefused  int // paused clients' writes refused with stale_token
 	StaleAccepted int // paused clients' writes accepted after a newer write (a violation)
-	HeldRefused   int // held writes after expiry refused (lease_expired / not_holder)
+	HeldRefused   int // held writes after expiry refused (lease_expired)
 	HeldAccepted  int // held writes after expiry accepted (a violation)
 
 	Updates        int   // inventory updates attempted
