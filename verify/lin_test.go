@@ -68,9 +68,10 @@ const (
 	linAcquire
 	linRelease
 	linRenew
+	linLockInfo
 )
 
-var linOpNames = [...]string{"get", "put", "delete", "cas", "incr", "acquire", "release", "renew"}
+var linOpNames = [...]string{"get", "put", "delete", "cas", "incr", "acquire", "release", "renew", "lock_info"}
 
 func (o linOp) String() string { return linOpNames[o] }
 
@@ -136,7 +137,9 @@ type linOutput struct {
 	Rev     uint64
 	Deleted bool
 	N       int64  // incr
-	Token   uint64 // acquire
+	Token   uint64 // acquire; lock_info: the holder's (or the last grant's)
+	Held    bool   // lock_info
+	Left    bool   // lock_info: lease time left (TTL > 0)
 }
 
 // linKey is the model of a key. Rev is exact when RevKnown; otherwise the
@@ -183,7 +186,7 @@ func linInit() linState {
 // renew returned, with no fault between them and op's return that could
 // have given the lease its full TTL again (a restart, a new leader).
 func (s linState) worlds(in linInput) []linState {
-	lockOp := in.Held || in.Op == linAcquire || in.Op == linRelease || in.Op == linRenew
+	lockOp := in.Held || in.Op >= linAcquire
 	l := s.Lock
 	if !lockOp || !l.Present || l.Expired || in.Return < l.Since+int64(linTTL) {
 		return []linState{s}
@@ -194,6 +197,38 @@ func (s linState) worlds(in linInput) []linState {
 		return []linState{e}
 	}
 	return []linState{s, e}
+}
+
+// lockInfo checks a lock_info answer. A live lease is reported held by its
+// token (with time left, or none if its deadline passed and its expiry is
+// not applied yet); one that ran out, free, or still held with no time
+// left (an expiry not applied yet, answered without waiting for it); a
+// lock never granted or released, free. Free means the lease is over for
+// good: no restart or new leader may bring it back (G7).
+func (w linState) lockInfo(out linOutput) (linState, bool) {
+	if out.Unknown {
+		return w, true
+	}
+	if out.Err != "" {
+		return w, false
+	}
+	l := w.Lock
+	switch {
+	case !l.Present:
+		return w, !out.Held
+	case l.Expired:
+		return w, !out.Held || !out.Left && (l.Token == 0 || out.Token == l.Token)
+	case !out.Held:
+		return w, false
+	case l.Token != 0:
+		return w, out.Token == l.Token
+	case out.Token < l.Last:
+		return w, false
+	}
+	// The acquire whose outcome was unknown was applied: its token is
+	// learnt.
+	w.Lock.Token, w.Lock.Last = out.Token, out.Token
+	return w, true
 }
 
 // linExpirySlack is how long past Until + linTTL the model still lets a
@@ -273,6 +308,8 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 			}
 		}
 		return w, true
+	case linLockInfo:
+		return w.lockInfo(out)
 	}
 
 	k := w.Keys[in.Key]
@@ -452,6 +489,8 @@ func linDescribe(in linInput, out linOutput) string {
 		}
 	case linRelease, linRenew:
 		fmt.Fprintf(&b, "%s %s tok=%d", in.Op, p.lock, in.Token)
+	case linLockInfo:
+		fmt.Fprintf(&b, "lock_info %s", p.lock)
 	default:
 		fmt.Fprintf(&b, "%s %s", in.Op, p.keys[in.Key])
 		switch in.Op {
@@ -487,6 +526,10 @@ func linDescribe(in linInput, out linOutput) string {
 		fmt.Fprintf(&b, "%s fence=%d rev=%d", out.Value, out.Fence, out.Rev)
 	case in.Op == linAcquire:
 		fmt.Fprintf(&b, "token %d", out.Token)
+	case in.Op == linLockInfo && !out.Held:
+		fmt.Fprintf(&b, "free (last token %d)", out.Token)
+	case in.Op == linLockInfo:
+		fmt.Fprintf(&b, "held by %d, time left: %v", out.Token, out.Left)
 	case in.Op == linRelease || in.Op == linRenew:
 		b.WriteString("ok")
 	default:
@@ -1017,6 +1060,9 @@ func (c *linClient) pick() linInput {
 		}
 		return in
 	}
+	if r.IntN(100) < 4 {
+		return linInput{Op: linLockInfo, Part: r.IntN(2)}
+	}
 	if r.IntN(100) < 10 {
 		// Lock a sees queued acquires (hand-off on release and expiry);
 		// lock b only immediate ones, so an expired lease often stays
@@ -1146,6 +1192,10 @@ func (c *linClient) do(ctx context.Context, in linInput) bool {
 		err = c.c.Release(cctx, part.lock, fencekv.Token(in.Token))
 	case linRenew:
 		_, err = c.c.Renew(cctx, part.lock, fencekv.Token(in.Token))
+	case linLockInfo:
+		var li fencekv.LockInfo
+		li, err = c.c.LockInfo(cctx, part.lock)
+		out = linOutput{Held: li.Held, Token: uint64(li.Token), Left: li.TTL > 0}
 	}
 	ret := c.run.now()
 	cancel()
