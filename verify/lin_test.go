@@ -4,7 +4,9 @@ package verify
 // SIGKILLed and restarted on its data dir several times, records every
 // operation with its call and return times, and checks the history with
 // porcupine against a model of fencekv's state machine: values, fences
-// (G2, G3), revisions, held writes (G4) and lock grants (G1, G7).
+// (G2, G3), revisions, held writes (G4), lock grants (G1, G7), what
+// lock_info reports of a lock, and scans of a partition's keys (one
+// snapshot).
 //
 // Leases are timed: the model lets a lease run out at any point from its
 // TTL after the grant's (or last renew's) call, and requires it to have run
@@ -44,6 +46,7 @@ import (
 	"math/rand/v2"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -69,9 +72,10 @@ const (
 	linRelease
 	linRenew
 	linLockInfo
+	linScan // every key of a partition, by their common prefix
 )
 
-var linOpNames = [...]string{"get", "put", "delete", "cas", "incr", "acquire", "release", "renew", "lock_info"}
+var linOpNames = [...]string{"get", "put", "delete", "cas", "incr", "acquire", "release", "renew", "lock_info", "scan"}
 
 func (o linOp) String() string { return linOpNames[o] }
 
@@ -86,6 +90,10 @@ type linPart struct {
 }
 
 const linMaxKeys = 2
+
+// linScanPart is the partition the workload scans: the one with more than
+// one key.
+const linScanPart = 2
 
 var linParts = []linPart{
 	{name: "held-a", keys: []string{"lin/a"}, lock: "lin/lock-a", tokens: "lock"},
@@ -136,10 +144,19 @@ type linOutput struct {
 	Fence   uint64
 	Rev     uint64
 	Deleted bool
-	N       int64  // incr
-	Token   uint64 // acquire; lock_info: the holder's (or the last grant's)
-	Held    bool   // lock_info
-	Left    bool   // lock_info: lease time left (TTL > 0)
+	N       int64               // incr
+	Token   uint64              // acquire; lock_info: the holder's (or the last grant's)
+	Held    bool                // lock_info
+	Left    bool                // lock_info: lease time left (TTL > 0)
+	Items   [linMaxKeys]linItem // scan: the partition's keys, in its order (Found false: not listed)
+}
+
+// linItem is a key as a scan listed it.
+type linItem struct {
+	Found bool
+	Value string
+	Fence uint64
+	Rev   uint64
 }
 
 // linKey is the model of a key. Rev is exact when RevKnown; otherwise the
@@ -186,7 +203,7 @@ func linInit() linState {
 // renew returned, with no fault between them and op's return that could
 // have given the lease its full TTL again (a restart, a new leader).
 func (s linState) worlds(in linInput) []linState {
-	lockOp := in.Held || in.Op >= linAcquire
+	lockOp := in.Held || in.Op >= linAcquire && in.Op != linScan
 	l := s.Lock
 	if !lockOp || !l.Present || l.Expired || in.Return < l.Since+int64(linTTL) {
 		return []linState{s}
@@ -228,6 +245,35 @@ func (w linState) lockInfo(out linOutput) (linState, bool) {
 	// The acquire whose outcome was unknown was applied: its token is
 	// learnt.
 	w.Lock.Token, w.Lock.Last = out.Token, out.Token
+	return w, true
+}
+
+// scan checks a scan of the partition's keys: one snapshot in which each
+// live key is listed with its value, fence and revision, and no deleted
+// or absent key is.
+func (w linState) scan(out linOutput) (linState, bool) {
+	if out.Unknown {
+		return w, true
+	}
+	if out.Err != "" {
+		return w, false
+	}
+	for i, k := range w.Keys {
+		it := out.Items[i]
+		if it.Found != k.Found {
+			return w, false
+		}
+		if !k.Found {
+			continue
+		}
+		if it.Value != k.Value || it.Fence != k.Fence {
+			return w, false
+		}
+		var ok bool
+		if w, ok = w.learnRev(i, it.Rev); !ok {
+			return w, false
+		}
+	}
 	return w, true
 }
 
@@ -310,6 +356,8 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 		return w, true
 	case linLockInfo:
 		return w.lockInfo(out)
+	case linScan:
+		return w.scan(out)
 	}
 
 	k := w.Keys[in.Key]
@@ -491,6 +539,8 @@ func linDescribe(in linInput, out linOutput) string {
 		fmt.Fprintf(&b, "%s %s tok=%d", in.Op, p.lock, in.Token)
 	case linLockInfo:
 		fmt.Fprintf(&b, "lock_info %s", p.lock)
+	case linScan:
+		fmt.Fprintf(&b, "scan %s", p.prefix())
 	default:
 		fmt.Fprintf(&b, "%s %s", in.Op, p.keys[in.Key])
 		switch in.Op {
@@ -530,6 +580,13 @@ func linDescribe(in linInput, out linOutput) string {
 		fmt.Fprintf(&b, "free (last token %d)", out.Token)
 	case in.Op == linLockInfo:
 		fmt.Fprintf(&b, "held by %d, time left: %v", out.Token, out.Left)
+	case in.Op == linScan:
+		for i, it := range out.Items[:len(p.keys)] {
+			if it.Found {
+				fmt.Fprintf(&b, "%s=%s fence=%d rev=%d ", p.keys[i], it.Value, it.Fence, it.Rev)
+			}
+		}
+		fmt.Fprintf(&b, "(%d listed)", linListed(out))
 	case in.Op == linRelease || in.Op == linRenew:
 		b.WriteString("ok")
 	default:
@@ -1008,6 +1065,32 @@ func (c *linClient) connect(ctx context.Context) bool {
 	return true
 }
 
+// prefix is what the partition's keys, and no other key of the workload,
+// start with: a scan's.
+func (p linPart) prefix() string {
+	pre := p.keys[0]
+	for _, k := range p.keys[1:] {
+		for !strings.HasPrefix(k, pre) {
+			pre = pre[:len(pre)-1]
+		}
+	}
+	return pre
+}
+
+// linScanned puts the items of a scan of part in their places.
+func linScanned(part linPart, items []fencekv.Entry) (linOutput, error) {
+	var out linOutput
+	for _, e := range items {
+		i := slices.Index(part.keys, string(e.Key))
+		if i < 0 || out.Items[i].Found {
+			// An answer the workload cannot cause: reported as odd.
+			return out, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("scan of %q listed %q", part.prefix(), e.Key)}
+		}
+		out.Items[i] = linItem{Found: true, Value: string(e.Value), Fence: uint64(e.Fence), Rev: uint64(e.Revision)}
+	}
+	return out, nil
+}
+
 // pick chooses the next operation.
 func (c *linClient) pick() linInput {
 	r := c.rng
@@ -1060,8 +1143,11 @@ func (c *linClient) pick() linInput {
 		}
 		return in
 	}
-	if r.IntN(100) < 4 {
+	switch x := r.IntN(100); {
+	case x < 4:
 		return linInput{Op: linLockInfo, Part: r.IntN(2)}
+	case x < 8:
+		return linInput{Op: linScan, Part: linScanPart}
 	}
 	if r.IntN(100) < 10 {
 		// Lock a sees queued acquires (hand-off on release and expiry);
@@ -1196,6 +1282,12 @@ func (c *linClient) do(ctx context.Context, in linInput) bool {
 		var li fencekv.LockInfo
 		li, err = c.c.LockInfo(cctx, part.lock)
 		out = linOutput{Held: li.Held, Token: uint64(li.Token), Left: li.TTL > 0}
+	case linScan:
+		var items []fencekv.Entry
+		items, _, err = c.c.Scan(cctx, fencekv.ScanOptions{Prefix: []byte(part.prefix())})
+		if err == nil {
+			out, err = linScanned(part, items)
+		}
 	}
 	ret := c.run.now()
 	cancel()
@@ -1252,6 +1344,16 @@ func (c *linClient) do(ctx context.Context, in linInput) bool {
 	c.run.mu.Unlock()
 	c.run.ops.done()
 	return !out.Unknown
+}
+
+func linListed(out linOutput) int {
+	n := 0
+	for _, it := range out.Items {
+		if it.Found {
+			n++
+		}
+	}
+	return n
 }
 
 // linExpected reports whether code is a refusal the workload can cause for
