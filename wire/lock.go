@@ -2,8 +2,10 @@ package wire
 
 import (
 	"context"
+	"crypto/rand"
 	"errors"
 	"fmt"
+	"os"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -62,6 +64,16 @@ type LockOptions struct {
 // connection, and a server restart or a new leader gives it its full TTL
 // again.
 //
+// An acquire whose answer is lost (the connection broke after it was
+// sent, a cluster answered unavailable with the outcome unknown, or ctx
+// ended) may have been granted all the same. With no o.Holder, WithLock
+// acquires under a holder name of its own (host:pid and a random suffix)
+// and then looks the lock up: held under that name, the grant is this
+// call's, and fn runs with it (renewed at once), or, if ctx has ended, it
+// is released rather than left to hold the lock up until it runs out.
+// With a holder name of the caller's, which others may use too, an
+// unknown outcome is returned as it is.
+//
 // The renewing is done by two goroutines of the client, started after the
 // acquire: one keeps the lease (ticks, deadline) and one sends the renews,
 // one at a time. Both have ended when WithLock returns, and Close waits
@@ -87,19 +99,29 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	if lo.Margin < 0 || lo.Margin >= ttl {
 		return &fencekv.Error{Code: fencekv.CodeBadRequest, Message: fmt.Sprintf("lock margin %v: want 0 or more, and shorter than the TTL of %v", lo.Margin, ttl)}
 	}
-	sent := time.Now()
-	l, err := c.Acquire(ctx, name, ttl, &lo.AcquireOptions)
-	if err != nil {
-		return err
-	}
 	timeout := lo.ReleaseTimeout
 	if timeout <= 0 {
 		timeout = 5 * time.Second
 	}
-	if lo.AcquireOptions.Wait > 0 {
+	ours := lo.Holder == "" // a holder name no one else uses: see findGrant
+	if ours {
+		lo.Holder = uniqueHolder()
+	}
+	sent := time.Now()
+	l, err := c.Acquire(ctx, name, ttl, &lo.AcquireOptions)
+	found := false
+	if err != nil && ours && unknownOutcome(err) {
+		l, err = c.findGrant(ctx, name, ttl, lo.Holder, timeout, err)
+		found = err == nil
+	}
+	if err != nil {
+		return err
+	}
+	if lo.AcquireOptions.Wait > 0 || found {
 		// A queued grant's lease started when it was granted, some time
-		// after the request was sent; the client cannot know when. Renew
-		// at once so the lease is measured from a send time we know.
+		// after the request was sent; the client cannot know when (nor
+		// when a grant found by findGrant was made). Renew at once so the
+		// lease is measured from a send time we know.
 		sent = time.Now()
 		if _, err := c.Renew(ctx, name, l.Token); err != nil {
 			c.release(context.WithoutCancel(ctx), name, l.Token, timeout)
@@ -144,6 +166,72 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 		return lost
 	}
 	return fmt.Errorf("%w (%w)", ferr, lost)
+}
+
+// uniqueHolder is the holder name WithLock acquires with when none is
+// given: host:pid and a random suffix, so that a lock held under it is
+// known to be this call's.
+func uniqueHolder() string {
+	host, _ := os.Hostname()
+	var b [6]byte
+	rand.Read(b[:])
+	return fmt.Sprintf("%s:%d:%x", host, os.Getpid(), b)
+}
+
+// unknownOutcome reports whether err leaves an acquire's outcome unknown:
+// the request was sent and its answer lost (the connection broke, a
+// cluster answered unavailable with outcome unknown, or ctx ended).
+func unknownOutcome(err error) bool {
+	var ce *ConnError
+	var fe *fencekv.Error
+	switch {
+	case errors.As(err, &ce):
+		return ce.Outcome == fencekv.OutcomeUnknown
+	case errors.As(err, &fe):
+		return fe.Outcome == fencekv.OutcomeUnknown
+	}
+	return errors.Is(err, context.DeadlineExceeded) || errors.Is(err, context.Canceled)
+}
+
+// findGrant looks for the grant of an acquire whose outcome is unknown
+// (failed with err), made under holder, a name only this call uses. If
+// the lock is held under it, the acquire was granted: while ctx lasts the
+// grant is the caller's (WithLock renews it at once, having no send time
+// to measure it from); once ctx has ended it is released, so
+// that it does not hold the lock up until it runs out. Otherwise, or if
+// the lock cannot be looked up, err is returned: a grant made after the
+// look-up runs out after its TTL, as before.
+func (c *Client) findGrant(ctx context.Context, name string, ttl time.Duration, holder string, timeout time.Duration, err error) (fencekv.Lease, error) {
+	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
+	defer cancel()
+	var in fencekv.LockInfo
+	for {
+		var ierr error
+		if in, ierr = c.LockInfo(lctx, name); ierr == nil {
+			break
+		}
+		if !retryable(ierr) {
+			return fencekv.Lease{}, err
+		}
+		c.leave(c.cur.Load(), ierr)
+		t := time.NewTimer(20 * time.Millisecond)
+		select {
+		case <-lctx.Done():
+		case <-c.closing:
+		case <-t.C:
+			continue
+		}
+		t.Stop()
+		return fencekv.Lease{}, err
+	}
+	if !in.Held || in.Holder != holder {
+		return fencekv.Lease{}, err
+	}
+	if ctx.Err() != nil {
+		c.release(context.WithoutCancel(ctx), name, in.Token, timeout)
+		return fencekv.Lease{}, err
+	}
+	return fencekv.Lease{Name: name, Token: in.Token, TTL: ttl}, nil
 }
 
 // release releases the lease within timeout, trying again while it fails

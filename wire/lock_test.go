@@ -393,3 +393,84 @@ func TestWithLockMargin(t *testing.T) {
 		t.Fatalf("the lease was taken as lost %v after the acquire; want about %v (the TTL of %v less the margin of %v)", lost, ttl-margin, ttl, margin)
 	}
 }
+
+// TestWithLockFindsLostGrant: the acquire is granted but its answer is
+// lost with the connection. WithLock, which acquired under a holder name
+// of its own, finds the grant and runs fn with it, rather than failing
+// and leaving the lock held until its lease runs out; when its context
+// ended meanwhile, it releases the grant.
+func TestWithLockFindsLostGrant(t *testing.T) {
+	ts := startServer(t, nil)
+	p := startProxy(t, ts.Addr)
+	c := dial(t, p.addr)
+	ctx := context.Background()
+	// lose has the acquire's answer lost: it waits for the grant on the
+	// server, then cuts the connection the answer was dropped from.
+	lose := func(then func()) fencekv.LockInfo {
+		t.Helper()
+		var in fencekv.LockInfo
+		eventually(t, 10*time.Second, "the acquire granted on the server", func() bool {
+			var err error
+			in, err = ts.DB.LockInfo(ctx, "job")
+			return err == nil && in.Held
+		})
+		then()
+		p.mute.Store(false)
+		p.cut()
+		return in
+	}
+
+	t.Run("taken", func(t *testing.T) {
+		p.mute.Store(true)
+		type result struct {
+			token fencekv.Token
+			err   error
+		}
+		res := make(chan result, 1)
+		go func() {
+			var r result
+			r.err = c.WithLock(ctx, "job", 5*time.Second, nil, func(lctx context.Context, l fencekv.Lease) error {
+				r.token = l.Token
+				_, err := c.Put(lctx, b("out"), b("written"), fencekv.WriteOptions{Token: l.Token, Lock: "job"})
+				return err
+			})
+			res <- r
+		}()
+		in := lose(func() {})
+		if !strings.Contains(in.Holder, ":") {
+			t.Errorf("holder %q: want WithLock's own (host:pid:suffix)", in.Holder)
+		}
+		r := <-res
+		ok(t, r.err)
+		if r.token != in.Token {
+			t.Fatalf("fn ran with token %d; the lost grant was %d", r.token, in.Token)
+		}
+		if after, err := ts.DB.LockInfo(ctx, "job"); err != nil || after.Held {
+			t.Fatalf("after WithLock: %+v, %v; want released", after, err)
+		}
+	})
+
+	t.Run("released", func(t *testing.T) {
+		p.mute.Store(true)
+		cctx, cancel := context.WithCancel(ctx)
+		defer cancel()
+		res := make(chan error, 1)
+		called := false
+		go func() {
+			res <- c.WithLock(cctx, "job", time.Minute, nil, func(context.Context, fencekv.Lease) error {
+				called = true
+				return nil
+			})
+		}()
+		lose(cancel)
+		if err := <-res; !errors.Is(err, context.Canceled) {
+			t.Fatalf("WithLock: %v; want the context's end", err)
+		}
+		if called {
+			t.Fatal("fn ran after the context ended")
+		}
+		if after, err := ts.DB.LockInfo(ctx, "job"); err != nil || after.Held {
+			t.Fatalf("after WithLock: %+v, %v; want the lost grant released (its lease is a minute)", after, err)
+		}
+	})
+}

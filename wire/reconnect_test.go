@@ -6,6 +6,7 @@ import (
 	"io"
 	"net"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -29,6 +30,7 @@ type proxy struct {
 	conns    map[net.Conn]bool
 	accepted int
 	wg       sync.WaitGroup // the accept loops and the copies
+	mute     atomic.Bool    // what the server sends is dropped: answers are lost
 }
 
 // startProxy starts a proxy to target on a free port; it is stopped when
@@ -72,9 +74,28 @@ func (p *proxy) listen(addr string) {
 				src.Close()
 			}
 			p.wg.Go(func() { pipe(s, c) })
-			p.wg.Go(func() { pipe(c, s) })
+			p.wg.Go(func() { p.answers(c, s) })
 		}
 	})
+}
+
+// answers copies what the server sends to the client, dropping it while
+// p.mute is set.
+func (p *proxy) answers(dst, src net.Conn) {
+	buf := make([]byte, 32<<10)
+	for {
+		n, err := src.Read(buf)
+		if n > 0 && !p.mute.Load() {
+			if _, werr := dst.Write(buf[:n]); werr != nil {
+				break
+			}
+		}
+		if err != nil {
+			break
+		}
+	}
+	dst.Close()
+	src.Close()
 }
 
 // cut closes every connection through the proxy, as a server that dies

@@ -55,7 +55,7 @@ if it is ever too late:
 			&cli.DurationFlag{Name: "grace", Value: 3 * time.Second, Usage: "after SIGTERM, wait this long before SIGKILL; on a lost lease the command gets SIGTERM this long before the lease may run out (shorter than --ttl; by default 3s, or a third of --ttl if less)"},
 			&cli.DurationFlag{Name: "lock-delay", Usage: "after the lease runs out (not after a release), nobody may take the lock for this long: for commands that cannot fence their writes"},
 			&cli.IntFlag{Name: "lost-status", Value: exitFenced, Usage: "exit `STATUS` when the lease may have been lost and the command was stopped (1-255)"},
-			&cli.StringFlag{Name: "holder", Usage: "holder name shown by 'lock info' (default host:pid)"},
+			&cli.StringFlag{Name: "holder", Usage: "holder name shown by 'lock info' (default host:pid and a random suffix, which lets run-locked find a grant whose answer was lost)"},
 		}),
 		Action: runLocked,
 	}
@@ -106,11 +106,9 @@ func runLocked(c *cli.Context) error {
 	if len(argv) == 0 {
 		return usagef("run-locked: no command to run after --")
 	}
+	// With no --holder, WithLock acquires under a name of its own
+	// (host:pid:suffix), by which it finds a grant whose answer was lost.
 	holder := c.String("holder")
-	if holder == "" {
-		host, _ := os.Hostname()
-		holder = host + ":" + strconv.Itoa(os.Getpid())
-	}
 	// Signals to run-locked go to the child; the lock is released after.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
