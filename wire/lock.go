@@ -107,6 +107,9 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	if ours {
 		lo.Holder = uniqueHolder()
 	}
+	if err := ctx.Err(); err != nil {
+		return err // nothing sent
+	}
 	sent := time.Now()
 	l, err := c.Acquire(ctx, name, ttl, &lo.AcquireOptions)
 	found := false
@@ -206,14 +209,24 @@ func (c *Client) findGrant(ctx context.Context, name string, ttl time.Duration, 
 	defer cancel()
 	var in fencekv.LockInfo
 	for {
+		// As in release: a node silent for a third of the time is left
+		// for the next address.
+		cn := c.cur.Load()
+		actx, acancel := context.WithTimeout(lctx, timeout/3)
 		var ierr error
-		if in, ierr = c.LockInfo(lctx, name); ierr == nil {
+		in, ierr = c.LockInfo(actx, name)
+		silent := ierr != nil && actx.Err() != nil && lctx.Err() == nil
+		acancel()
+		if ierr == nil {
 			break
 		}
-		if !retryable(ierr) {
+		if !silent && !retryable(ierr) {
 			return fencekv.Lease{}, err
 		}
-		c.leave(c.cur.Load(), ierr)
+		c.leave(cn, ierr)
+		if silent {
+			continue
+		}
 		t := time.NewTimer(20 * time.Millisecond)
 		select {
 		case <-lctx.Done():
