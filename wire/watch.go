@@ -23,10 +23,11 @@ type watchEngine interface {
 
 // watches are a connection's watchers.
 type watches struct {
-	mu   sync.Mutex // guards next, all
-	next uint64
-	all  map[uint64]*fencekv.Watcher
-	wg   sync.WaitGroup // one per watch's sender
+	mu       sync.Mutex // guards next, all, starting
+	next     uint64
+	all      map[uint64]*fencekv.Watcher
+	starting int            // watches being started: they count against the limit
+	wg       sync.WaitGroup // one per watch's sender
 }
 
 // watch starts a watcher; its sender starts when the returned func is
@@ -37,17 +38,24 @@ func (c *conn) watch(a *args, e *encoder) (start func(), err error) {
 	if !ok {
 		return nil, &fencekv.Error{Code: fencekv.CodeUnknownMethod, Message: "this server has no watch"}
 	}
+	// The place is taken before the watcher is started, so that watches
+	// started at once (pipelined requests are served concurrently) cannot
+	// all pass the check.
 	c.ws.mu.Lock()
-	n := len(c.ws.all)
-	c.ws.mu.Unlock()
+	n := len(c.ws.all) + c.ws.starting
 	if n >= c.s.cfg.MaxWatches {
+		c.ws.mu.Unlock()
 		return nil, &fencekv.Error{Code: fencekv.CodeLimitExceeded, Message: fmt.Sprintf("this connection has %d watches, the most it may have (--max-watches)", n)}
 	}
+	c.ws.starting++
+	c.ws.mu.Unlock()
 	w, err := we.Watch(c.base, fencekv.WatchOptions{Prefix: a.prefix, Locks: a.locks, StartRevision: fencekv.Revision(a.startRev)})
+	c.ws.mu.Lock()
+	c.ws.starting--
 	if err != nil {
+		c.ws.mu.Unlock()
 		return nil, err
 	}
-	c.ws.mu.Lock()
 	if c.ws.all == nil {
 		c.ws.all = map[uint64]*fencekv.Watcher{}
 	}

@@ -103,4 +103,26 @@ func TestWatchesPerConnection(t *testing.T) {
 	if r := raw.call(5, "watch", map[string]any{"prefix": "w/"}); r.err != nil {
 		t.Fatalf("a watch after an unwatch: %+v", r.err)
 	}
+
+	// Many watch requests at once (pipelined, served concurrently): still
+	// at most MaxWatches of them are taken.
+	burst := dialRaw(t, ts.Addr)
+	const n = 64
+	var buf []byte
+	for i := range n {
+		buf = append(buf, marshal(t, []any{0, i, "watch", []any{map[string]any{"prefix": "w/"}}})...)
+	}
+	burst.write(buf)
+	taken := 0
+	for range n {
+		switch r := burst.reply(); {
+		case r.err == nil:
+			taken++
+		case r.code() != "limit_exceeded":
+			t.Fatalf("watch %d: %+v", r.id, r.err)
+		}
+	}
+	if taken != 2 {
+		t.Fatalf("%d of %d pipelined watches taken with --max-watches 2", taken, n)
+	}
 }
