@@ -20,8 +20,13 @@ run: build
 cluster: build
 	bash cluster/run.sh ./$(BIN)
 
+# Vet here, and on macOS and FreeBSD: everything builds there, with
+# goroutine connections instead of the event loop and no parent-death
+# signal for run-locked's guard.
 vet:
 	$(GO) vet ./...
+	GOOS=darwin $(GO) vet ./...
+	GOOS=freebsd $(GO) build ./...
 
 fmt-check:
 	@out=$$(gofmt -l $$(git ls-files '*.go' 2>/dev/null || find . -name '*.go')); \

@@ -39,12 +39,11 @@ func guardCommand(grace time.Duration, argv []string) (*exec.Cmd, error) {
 	}
 	args := append([]string{guardArg, strconv.Itoa(os.Getpid()), grace.String(), "--"}, argv...)
 	cmd := exec.Command(self, args...)
-	// The guard gets SIGTERM when the thread that started it dies: Go
-	// never ends a thread that has not been locked, so in practice that
-	// is when run-locked dies. It leads a process group of its own, out
-	// of the terminal's foreground: a Ctrl-C reaches run-locked, which
-	// forwards it.
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: syscall.SIGTERM}
+	// The guard leads a process group of its own, out of the terminal's
+	// foreground: a Ctrl-C reaches run-locked, which forwards it. On
+	// Linux it gets SIGTERM when run-locked dies (guardAttr); elsewhere
+	// it sees run-locked gone within a second (runGuard's check).
+	cmd.SysProcAttr = guardAttr()
 	return cmd, nil
 }
 

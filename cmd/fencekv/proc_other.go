@@ -2,7 +2,10 @@
 
 package main
 
-import "os"
+import (
+	"os"
+	"syscall"
+)
 
 // setSubreaper does nothing here: orphans go to init, which reaps them.
 func setSubreaper() {}
@@ -12,4 +15,11 @@ func setSubreaper() {}
 func isTerminal(f *os.File) bool {
 	fi, err := f.Stat()
 	return err == nil && fi.Mode()&os.ModeCharDevice != 0
+}
+
+// guardAttr is how run-locked starts its guard: in a process group of its
+// own. There is no parent-death signal here; the guard checks every
+// second whether run-locked is gone.
+func guardAttr() *syscall.SysProcAttr {
+	return &syscall.SysProcAttr{Setpgid: true}
 }

@@ -17,9 +17,9 @@ func raiseFileLimit() (uint64, error) {
 		raised := rl
 		raised.Cur = raised.Max
 		if err := syscall.Setrlimit(syscall.RLIMIT_NOFILE, &raised); err != nil {
-			return rl.Cur, err
+			return uint64(rl.Cur), err
 		}
 		rl = raised
 	}
-	return rl.Cur, nil
+	return uint64(rl.Cur), nil // int64 on FreeBSD
 }
