@@ -198,12 +198,11 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 // The leader's expiry loop is about to propose them anyway; this only
 // spares the reader its latency. A stale read does not wait for them.
 func (n *Node) commitExpiries(ctx context.Context, locks []string) error {
-	for _, lock := range locks {
-		if _, err := n.propose(ctx, fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: lock}}); err != nil {
-			return err
-		}
+	term, err := n.awaitReady(ctx)
+	if err != nil {
+		return err
 	}
-	return nil
+	return n.expire(locks, term)
 }
 
 // Locks lists held locks.

@@ -313,12 +313,11 @@ func (n *Node) expiryLoop(ctx context.Context, term uint64) {
 		if ok {
 			d := at - n.now()
 			if d <= 0 {
-				for _, name := range n.m.DueLocks(n.now(), n.opts.MaxBatch) {
-					if _, err := n.apply(fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: name}}, term); err != nil {
-						n.log.Warn("expire", "lock", name, "err", err)
-						if !n.pause(ctx, 50*time.Millisecond) {
-							return
-						}
+				due := n.m.DueLocks(n.now(), n.opts.MaxBatch)
+				if err := n.expire(due, term); err != nil {
+					n.log.Warn("expire", "locks", len(due), "first", due[0], "err", err)
+					if !n.pause(ctx, 50*time.Millisecond) {
+						return
 					}
 				}
 				continue
@@ -338,6 +337,21 @@ func (n *Node) expiryLoop(ctx context.Context, term uint64) {
 			return
 		}
 	}
+}
+
+// expire proposes the expiries of locks in one entry, and waits until
+// they are applied: leases that ran out together (a client that held many
+// died) are freed in one round of the log, not in one round each.
+func (n *Node) expire(locks []string, term uint64) error {
+	if len(locks) == 0 {
+		return nil
+	}
+	cmds := make([]fencekv.Command, len(locks))
+	for i, name := range locks {
+		cmds[i] = fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: name}, Term: term}
+	}
+	_, err := n.props.applyGroup(cmds...)
+	return err
 }
 
 // pause waits d unless ctx ends first; it reports whether ctx is live.

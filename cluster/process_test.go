@@ -869,3 +869,53 @@ func TestWithLockSurvivesPausedLeader(t *testing.T) {
 		t.Fatalf("after WithLock returned, the lock is %+v; want released (token %d)", in, token)
 	}
 }
+
+// TestMassExpiryInFewEntries: leases that run out together are expired in
+// one raft entry per batch, not one each, so a client that held many locks
+// and died frees them in one round of the log. (The leader's expiry loop
+// once proposed them one at a time, each waiting for the last: 200 leases
+// took 200 entries, and as many rounds of replication and fsync, before
+// the last was free.)
+func TestMassExpiryInFewEntries(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, time.Minute)
+	leader := c.Leader(t)
+	cl := c.Dial(t, leader)
+	const n = 200
+	errs := make(chan error, n)
+	var wg sync.WaitGroup
+	for i := range n {
+		// Together, so that their grants share entries and deadlines.
+		wg.Go(func() {
+			if _, err := cl.Acquire(ctx, fmt.Sprintf("mass/%03d", i), time.Second, nil); err != nil {
+				errs <- err
+			}
+		})
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	before, err := c.Status(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A stale read applies no expiry itself: the expiry loop frees them.
+	eventually(t, "every lease expired", 30*time.Second, func() error {
+		held, _, err := cl.Locks(fencekv.WithStaleReads(ctx), "mass/", "", 1000)
+		if err == nil && len(held) > 0 {
+			err = fmt.Errorf("%d still held", len(held))
+		}
+		return err
+	})
+	after, err := c.Status(leader)
+	if err != nil {
+		t.Fatal(err)
+	}
+	entries := after.Applied - before.Applied
+	t.Logf("%d leases expired in %d log entries", n, entries)
+	if entries > n/10 {
+		t.Fatalf("%d leases that ran out together took %d log entries to expire; want them batched", n, entries)
+	}
+}
