@@ -597,6 +597,25 @@ func (c *conn) flushRaw(batch []*encoder, off int, block bool) {
 	}
 }
 
+// writerStuck reports whether c's answers wait on its client: on an event
+// loop connection, whether a writer has waited for room in the socket for
+// stuckAfter. Being over the budget alone is not: the loop queues the
+// answers of a round's reads until the round's end (one answer may take
+// the pending bytes past the budget), and a client that asked for more
+// than the budget in one go has the writer wait while it reads them. On a
+// goroutine connection, answers are written as they come, so answers over
+// the budget are waiting on the client.
+func (c *conn) writerStuck() bool {
+	if c.raw == nil {
+		return true
+	}
+	return c.raw.waiting.Load() && time.Since(time.Unix(0, c.raw.waitingSince.Load())) > stuckAfter
+}
+
+// stuckAfter is how long an event loop connection's writer waits for room
+// before its client counts as not reading (writerStuck).
+const stuckAfter = time.Second
+
 // releaseRaw closes an event loop connection once it is finished: after
 // the flusher is done, so that no one uses the descriptor once closed.
 func (c *conn) releaseRaw() {
@@ -618,6 +637,7 @@ type rawConn struct {
 	local, remote net.Addr
 	writable      chan struct{} // a token when epoll says the socket is writable, or hung up, while waiting
 	waiting       atomic.Bool   // a writer waits for room: epoll's writable events go to writable
+	waitingSince  atomic.Int64  // when it began to (UnixNano)
 	iov           []syscall.Iovec
 
 	mu     sync.Mutex // guards closed: Close and closeFD
@@ -721,6 +741,7 @@ func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time
 		if !r.waiting.Load() {
 			// From now on the loop passes writable events on; the
 			// socket may have become writable before: try again.
+			r.waitingSince.Store(time.Now().UnixNano())
 			r.waiting.Store(true)
 			defer r.waiting.Store(false)
 			continue

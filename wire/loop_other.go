@@ -25,3 +25,4 @@ func (l *eventLoop) start(context.Context, fencekv.Command, fencekv.WriteOptions
 }
 func (c *conn) flushRaw([]*encoder, int, bool) {}
 func (c *conn) releaseRaw()                    {}
+func (c *conn) writerStuck() bool              { return true }

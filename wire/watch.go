@@ -49,13 +49,21 @@ func (c *conn) watch(a *args, e *encoder) (start func(), err error) {
 	}
 	c.ws.starting++
 	c.ws.mu.Unlock()
+	reserved := true
+	defer func() {
+		if reserved { // Watch failed, or panicked
+			c.ws.mu.Lock()
+			c.ws.starting--
+			c.ws.mu.Unlock()
+		}
+	}()
 	w, err := we.Watch(c.base, fencekv.WatchOptions{Prefix: a.prefix, Locks: a.locks, StartRevision: fencekv.Revision(a.startRev)})
-	c.ws.mu.Lock()
-	c.ws.starting--
 	if err != nil {
-		c.ws.mu.Unlock()
 		return nil, err
 	}
+	c.ws.mu.Lock()
+	c.ws.starting--
+	reserved = false
 	if c.ws.all == nil {
 		c.ws.all = map[uint64]*fencekv.Watcher{}
 	}
@@ -87,7 +95,7 @@ func (c *conn) sendEvents(id uint64, w *fencekv.Watcher, rights *args) {
 		})
 	}
 	for batch := range w.Events() {
-		if c.pending.Load() > int64(c.s.cfg.MaxPendingBytes) {
+		if c.pending.Load() > int64(c.s.cfg.MaxPendingBytes) && c.writerStuck() {
 			cancel("the client does not read its notifications: over the pending budget")
 			break
 		}

@@ -3,7 +3,9 @@ package wire_test
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"testing"
+	"time"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/wire"
@@ -124,5 +126,100 @@ func TestWatchesPerConnection(t *testing.T) {
 	}
 	if taken != 2 {
 		t.Fatalf("%d of %d pipelined watches taken with --max-watches 2", taken, n)
+	}
+}
+
+// TestWatchSurvivesLargeReads: a client that reads everything promptly
+// keeps its watch while it pipelines reads whose answers, together, pass
+// the pending budget. The event loop holds a round's answers until the
+// round's end, so the budget is passed for a moment; a watch batch in
+// that moment was once cancelled as "does not read its notifications".
+func TestWatchSurvivesLargeReads(t *testing.T) {
+	ts := startServer(t, nil) // the default budget, 4 MiB
+	ctx := context.Background()
+	big := make([]byte, 100<<10)
+	_, err := ts.DB.Put(ctx, b("big"), big, fencekv.WriteOptions{})
+	ok(t, err)
+	raw := dialRaw(t, ts.Addr)
+	raw.send([]any{0, 1, "watch", []any{map[string]any{"prefix": "w/"}}})
+	if r := raw.reply(); r.err != nil {
+		t.Fatalf("watch: %+v", r.err)
+	}
+	// Writes to the watched prefix, all along, paced (a notification per
+	// write: an unpaced writer would outrun any watcher).
+	stop := make(chan struct{})
+	writer := make(chan error, 1)
+	go func() {
+		tick := time.NewTicker(time.Millisecond)
+		defer tick.Stop()
+		for i := 0; ; i++ {
+			select {
+			case <-stop:
+				writer <- nil
+				return
+			case <-tick.C:
+			}
+			if _, err := ts.DB.Put(ctx, b("w/x"), []byte(strconv.Itoa(i)), fencekv.WriteOptions{}); err != nil {
+				writer <- err
+				return
+			}
+		}
+	}()
+	defer func() {
+		close(stop)
+		ok(t, <-writer)
+	}()
+	const rounds, gets = 20, 60 // 6 MB of answers a round
+	id := 1
+	for range rounds {
+		var buf []byte
+		for range gets {
+			id++
+			buf = append(buf, marshal(t, []any{0, id, "get", []any{map[string]any{"key": "big"}}})...)
+		}
+		raw.write(buf)
+		for answered := 0; answered < gets; {
+			m := raw.next()
+			if num(t, m[0]) == 2 { // a notification
+				if m[1] == "watch_cancelled" {
+					t.Fatalf("the watch was cancelled: %v", m[2])
+				}
+				continue
+			}
+			if r := asReply(t, m); r.err != nil {
+				t.Fatalf("get: %+v", r.err)
+			}
+			answered++
+		}
+	}
+}
+
+// TestWatchCancelledForClientNotReading: a watch whose client reads
+// nothing is still cancelled once its notifications wait on it (over the
+// budget, with the socket full for a while), rather than held in memory
+// without bound.
+func TestWatchCancelledForClientNotReading(t *testing.T) {
+	ts := startServer(t, func(_ *fencekv.Options, c *wire.Config) { c.MaxPendingBytes = 64 << 10 })
+	ctx := context.Background()
+	raw := dialRaw(t, ts.Addr)
+	raw.send([]any{0, 1, "watch", []any{map[string]any{"prefix": "w/"}}})
+	if r := raw.reply(); r.err != nil {
+		t.Fatalf("watch: %+v", r.err)
+	}
+	// The client reads nothing for 3 s while 32 KiB values are written
+	// under the prefix (paced: a load, not a wait).
+	value := make([]byte, 32<<10)
+	tick := time.NewTicker(time.Millisecond)
+	defer tick.Stop()
+	for end := time.Now().Add(3 * time.Second); time.Now().Before(end); <-tick.C {
+		_, err := ts.DB.Put(ctx, b("w/x"), value, fencekv.WriteOptions{})
+		ok(t, err)
+	}
+	for {
+		m := raw.next()
+		if num(t, m[0]) == 2 && m[1] == "watch_cancelled" {
+			t.Logf("cancelled: %v", m[2])
+			return
+		}
 	}
 }
