@@ -764,6 +764,12 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 // and Close ends that wait (a grant that comes after Close cannot be
 // released through this client; its lease runs out).
 func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, error) {
+	l, _, err := c.acquire(ctx, name, ttl, o)
+	return l, err
+}
+
+// acquire is Acquire; it also reports whether the request was sent.
+func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, bool, error) {
 	var ao fencekv.AcquireOptions
 	if o != nil {
 		ao = *o
@@ -808,11 +814,11 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 		return nil
 	}
 	if err := ctx.Err(); err != nil {
-		return fencekv.Lease{}, err // sent nothing
+		return fencekv.Lease{}, false, err // sent nothing
 	}
 	cn, id, err := c.send(ctx, "acquire", write, p)
 	if err != nil {
-		return fencekv.Lease{}, err
+		return fencekv.Lease{}, false, err
 	}
 	err = cn.wait(ctx, id, p, true)
 	if err != nil && ctx.Err() != nil && err == ctx.Err() {
@@ -828,12 +834,12 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 				c.Release(rctx, name, fencekv.Token(token))
 			}
 		})
-		return fencekv.Lease{}, err
+		return fencekv.Lease{}, true, err
 	}
 	if err != nil {
-		return fencekv.Lease{}, err
+		return fencekv.Lease{}, true, err
 	}
-	return fencekv.Lease{Name: name, Token: fencekv.Token(token), TTL: time.Duration(ttlMs) * time.Millisecond}, nil
+	return fencekv.Lease{Name: name, Token: fencekv.Token(token), TTL: time.Duration(ttlMs) * time.Millisecond}, true, nil
 }
 
 // lockParams writes {lock, token}.

@@ -71,8 +71,10 @@ type LockOptions struct {
 // and then looks the lock up: held under that name, the grant is this
 // call's, and fn runs with it (renewed at once), or, if ctx has ended, it
 // is released rather than left to hold the lock up until it runs out.
-// With a holder name of the caller's, which others may use too, an
-// unknown outcome is returned as it is.
+// The look-up takes at most o.ReleaseTimeout, also after ctx has ended
+// (a server that does not answer). With a holder name of the caller's,
+// which others may use too, an unknown outcome is returned as it is. When
+// ctx has ended, the error WithLock returns matches ctx's.
 //
 // The renewing is done by two goroutines of the client, started after the
 // acquire: one keeps the lease (ticks, deadline) and one sends the renews,
@@ -107,17 +109,18 @@ func (c *Client) WithLock(ctx context.Context, name string, ttl time.Duration, o
 	if ours {
 		lo.Holder = uniqueHolder()
 	}
-	if err := ctx.Err(); err != nil {
-		return err // nothing sent
-	}
 	sent := time.Now()
-	l, err := c.Acquire(ctx, name, ttl, &lo.AcquireOptions)
+	l, reached, err := c.acquire(ctx, name, ttl, &lo.AcquireOptions)
 	found := false
-	if err != nil && ours && unknownOutcome(err) {
+	if err != nil && ours && reached && unknownOutcome(err) {
 		l, err = c.findGrant(ctx, name, ttl, lo.Holder, timeout, err)
 		found = err == nil
 	}
 	if err != nil {
+		if cerr := ctx.Err(); cerr != nil && !errors.Is(err, cerr) {
+			// The connection broke as ctx ended: say both.
+			err = fmt.Errorf("%w (%w)", cerr, err)
+		}
 		return err
 	}
 	if lo.AcquireOptions.Wait > 0 || found {
@@ -181,9 +184,9 @@ func uniqueHolder() string {
 	return fmt.Sprintf("%s:%d:%x", host, os.Getpid(), b)
 }
 
-// unknownOutcome reports whether err leaves an acquire's outcome unknown:
-// the request was sent and its answer lost (the connection broke, a
-// cluster answered unavailable with outcome unknown, or ctx ended).
+// unknownOutcome reports whether err leaves the outcome of an acquire that
+// was sent unknown: its answer was lost (the connection broke, a cluster
+// answered unavailable with outcome unknown, or ctx ended).
 func unknownOutcome(err error) bool {
 	var ce *ConnError
 	var fe *fencekv.Error

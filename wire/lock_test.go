@@ -405,7 +405,8 @@ func TestWithLockFindsLostGrant(t *testing.T) {
 	c := dial(t, p.addr)
 	ctx := context.Background()
 	// lose has the acquire's answer lost: it waits for the grant on the
-	// server, then cuts the connection the answer was dropped from.
+	// server and for its answer to be dropped (p.mute is set, and
+	// p.dropped zeroed, before the acquire), then cuts the connection.
 	lose := func(then func()) fencekv.LockInfo {
 		t.Helper()
 		var in fencekv.LockInfo
@@ -414,6 +415,7 @@ func TestWithLockFindsLostGrant(t *testing.T) {
 			in, err = ts.DB.LockInfo(ctx, "job")
 			return err == nil && in.Held
 		})
+		eventually(t, 10*time.Second, "the grant's answer dropped", func() bool { return p.dropped.Load() > 0 })
 		then()
 		p.mute.Store(false)
 		p.cut()
@@ -421,6 +423,7 @@ func TestWithLockFindsLostGrant(t *testing.T) {
 	}
 
 	t.Run("taken", func(t *testing.T) {
+		p.dropped.Store(0)
 		p.mute.Store(true)
 		type result struct {
 			token fencekv.Token
@@ -451,6 +454,7 @@ func TestWithLockFindsLostGrant(t *testing.T) {
 	})
 
 	t.Run("released", func(t *testing.T) {
+		p.dropped.Store(0)
 		p.mute.Store(true)
 		cctx, cancel := context.WithCancel(ctx)
 		defer cancel()

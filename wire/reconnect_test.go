@@ -31,6 +31,7 @@ type proxy struct {
 	accepted int
 	wg       sync.WaitGroup // the accept loops and the copies
 	mute     atomic.Bool    // what the server sends is dropped: answers are lost
+	dropped  atomic.Int64   // bytes dropped so far
 }
 
 // startProxy starts a proxy to target on a free port; it is stopped when
@@ -85,7 +86,9 @@ func (p *proxy) answers(dst, src net.Conn) {
 	buf := make([]byte, 32<<10)
 	for {
 		n, err := src.Read(buf)
-		if n > 0 && !p.mute.Load() {
+		if n > 0 && p.mute.Load() {
+			p.dropped.Add(int64(n))
+		} else if n > 0 {
 			if _, werr := dst.Write(buf[:n]); werr != nil {
 				break
 			}
