@@ -11,8 +11,9 @@ package verify
 // Leases are timed: the model lets a lease run out at any point from its
 // TTL after the grant's (or last renew's) call, and requires it to have run
 // out once the TTL and a slack have passed since the grant's (or renew's)
-// return, unless a restart or a new leader may have given it its full TTL
-// again in between (linInput.Quiet). So a held write past the lease that
+// return, or, after a restart or a new leader (which may give it its full
+// TTL again, or bring back one seen run out whose end was not durable),
+// since the fault-free stretch began (linInput.Quiet). So a held write past the lease that
 // the server accepted fails the check (G4); clients walk away from leases
 // and, like a paused holder waking up, write under them once they must
 // have run out.
@@ -174,9 +175,10 @@ type linLock struct {
 	Present bool   // a lease record exists: held, or expired and kept
 	Token   uint64 // the record's token; 0 if granted by an acquire with an unknown outcome
 	Since   int64  // the lease's deadline is at least Since + linTTL (renewals and restarts only extend it)
-	Until   int64  // the last grant or renew returned by then: without a restart or new leader since, the deadline is at most Until + linTTL
-	Quiet   int64  // the Quiet of the operation that set Until (-1: none)
+	Until   int64  // the last grant or renew returned by then (linInfinity: unknown); see worlds
 	Expired bool   // an observation showed the lease ran out
+	At      int64  // the Quiet of the operation that first saw it run out
+	Over    bool   // its end is durable: a lock_info reported it free
 	Last    uint64 // a lower bound of the highest token granted on this lock
 }
 
@@ -198,19 +200,37 @@ func linInit() linState {
 // worlds returns the states the lock may be in for op in: if the lease may
 // have run out by the time op returned, both "still live" and "expired";
 // if it must have run out before op was called, only "expired" (G4: a held
-// write past the lease is refused). The lease must have run out when op
-// was called more than linTTL (and linExpirySlack) after the last grant or
-// renew returned, with no fault between them and op's return that could
-// have given the lease its full TTL again (a restart, a new leader).
+// write past the lease is refused). A lease seen run out may come back if
+// a restart or a new leader came between, while its end was not durable
+// (G7 gives every live lease its full TTL again then).
+//
+// When op lies in a stretch free of faults (in.Quiet >= 0), the lease's
+// deadline is at most linTTL after the later of the last grant's or
+// renew's return and the stretch's start (a restart or new leader, which
+// may have given it its full TTL again, came before that start): if op
+// was called more than linTTL (and linExpirySlack) after that, the lease
+// must have run out.
 func (s linState) worlds(in linInput) []linState {
 	lockOp := in.Held || in.Op >= linAcquire && in.Op != linScan
 	l := s.Lock
-	if !lockOp || !l.Present || l.Expired || in.Return < l.Since+int64(linTTL) {
+	if !lockOp || !l.Present {
+		return []linState{s}
+	}
+	ranOut := in.Quiet >= 0 && max(l.Until, in.Quiet) < in.Call-int64(linTTL+linExpirySlack)
+	if l.Expired {
+		if l.Over || in.Quiet == l.At || ranOut {
+			return []linState{s}
+		}
+		r := s
+		r.Lock.Expired = false
+		return []linState{s, r}
+	}
+	if in.Return < l.Since+int64(linTTL) {
 		return []linState{s}
 	}
 	e := s
-	e.Lock.Expired = true
-	if in.Quiet >= 0 && in.Quiet == l.Quiet && l.Until < in.Call-int64(linTTL+linExpirySlack) {
+	e.Lock.Expired, e.Lock.At = true, in.Quiet
+	if ranOut {
 		return []linState{e}
 	}
 	return []linState{s, e}
@@ -233,8 +253,11 @@ func (w linState) lockInfo(out linOutput) (linState, bool) {
 	switch {
 	case !l.Present:
 		return w, !out.Held
+	case l.Expired && !out.Held:
+		w.Lock.Over = true
+		return w, true
 	case l.Expired:
-		return w, !out.Held || !out.Left && (l.Token == 0 || out.Token == l.Token)
+		return w, !out.Left && (l.Token == 0 || out.Token == l.Token)
 	case !out.Held:
 		return w, false
 	case l.Token != 0:
@@ -326,13 +349,13 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 		tok := out.Token
 		if out.Unknown {
 			tok = 0
-			w.Lock = linLock{Present: true, Since: in.Call, Until: linInfinity, Quiet: -1, Last: l.Last + 1}
+			w.Lock = linLock{Present: true, Since: in.Call, Until: linInfinity, Last: l.Last + 1}
 			return w, true
 		}
 		if tok <= l.Last {
 			return w, false // G1: tokens strictly increase
 		}
-		w.Lock = linLock{Present: true, Token: tok, Since: in.Call, Until: in.Return, Quiet: in.Quiet, Last: tok}
+		w.Lock = linLock{Present: true, Token: tok, Since: in.Call, Until: in.Return, Last: tok}
 		return w, true
 	case linRelease, linRenew:
 		l := w.Lock
@@ -349,9 +372,7 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 			// A renew with an unknown outcome may have been applied at
 			// any time after its call: Until becomes linInfinity.
 			w.Lock.Since = max(l.Since, in.Call)
-			if in.Return > l.Until {
-				w.Lock.Until, w.Lock.Quiet = in.Return, in.Quiet
-			}
+			w.Lock.Until = max(l.Until, in.Return)
 		}
 		return w, true
 	case linLockInfo:
@@ -741,11 +762,12 @@ func markQuiet(history []porcupine.Operation, windows [][2]int64) {
 }
 
 // lateHeld counts the held writes the model takes as called after their
-// lease ran out for certain (see worlds): more than linTTL and
-// linExpirySlack after the last grant or renew of their token returned,
-// with no fault in between. The server must refuse every one of them.
+// lease ran out for certain (see worlds): in a stretch free of faults,
+// more than linTTL and linExpirySlack after the later of the stretch's
+// start and the return of their token's last grant or renew. The server
+// must refuse every one of them.
 func lateHeld(history []porcupine.Operation) int {
-	type refresh struct{ call, ret, quiet int64 }
+	type refresh struct{ call, ret int64 }
 	refreshes := map[[2]uint64][]refresh{} // by partition and token
 	for _, op := range history {
 		in, out := op.Input.(linInput), op.Output.(linOutput)
@@ -755,10 +777,10 @@ func lateHeld(history []porcupine.Operation) int {
 		switch {
 		case in.Op == linAcquire && !out.Unknown:
 			k := [2]uint64{uint64(in.Part), out.Token}
-			refreshes[k] = append(refreshes[k], refresh{op.Call, op.Return, in.Quiet})
+			refreshes[k] = append(refreshes[k], refresh{op.Call, op.Return})
 		case in.Op == linRenew:
 			k := [2]uint64{uint64(in.Part), in.Token}
-			refreshes[k] = append(refreshes[k], refresh{op.Call, op.Return, in.Quiet})
+			refreshes[k] = append(refreshes[k], refresh{op.Call, op.Return})
 		}
 	}
 	n := 0
@@ -773,7 +795,7 @@ func lateHeld(history []porcupine.Operation) int {
 				last = f
 			}
 		}
-		if last.ret > 0 && last.quiet == in.Quiet && last.ret < op.Call-int64(linTTL+linExpirySlack) {
+		if last.ret > 0 && max(last.ret, in.Quiet) < op.Call-int64(linTTL+linExpirySlack) {
 			n++
 		}
 	}

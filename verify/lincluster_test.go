@@ -145,17 +145,21 @@ var linFaults = []linFault{
 // the model may take a lease as run out only across a stretch with no such
 // window (linInput.Quiet). Every leader has a term of its own, and its
 // rearm comes before any other command of its term in the log: a window
-// runs from before the new term was seen (the start of the previous poll
-// that saw an older one) until a write made after it was acknowledged.
+// runs from before the new term was seen (the start of the earliest of
+// the nodes' last answered polls: the new leader's was before its term
+// began, unless it answered the new term itself) until a write made after
+// it was acknowledged.
 type termWatch struct {
 	mu      sync.Mutex
 	max     uint64
+	nodes   int
+	last    map[string]int64 // per node: when its last answered poll began
 	windows [][2]int64
 }
 
 // watchTerms polls every node's term until the run's clients stop.
 func watchTerms(r *linRun, c *clustertest.Cluster, wg *sync.WaitGroup) *termWatch {
-	tw := &termWatch{}
+	tw := &termWatch{nodes: len(c.Nodes), last: map[string]int64{}}
 	for _, nd := range c.Nodes {
 		wg.Go(func() {
 			cl, err := wire.Dial(r.ctx, nd.Client)
@@ -164,17 +168,15 @@ func watchTerms(r *linRun, c *clustertest.Cluster, wg *sync.WaitGroup) *termWatc
 				return
 			}
 			defer cl.Close()
-			prev := r.now() // when the last poll that answered began
 			for !r.done.Load() {
 				began := r.now()
 				ctx, cancel := context.WithTimeout(r.ctx, 500*time.Millisecond)
 				term, err := cl.Term(ctx)
 				cancel()
 				if err == nil {
-					if tw.rose(term) {
-						tw.add(prev, tw.settle(r, cl))
+					if from, rose := tw.saw(nd.Name, term, began); rose {
+						tw.add(from, tw.settle(r, cl))
 					}
-					prev = began
 				}
 				select {
 				case <-r.ctx.Done():
@@ -187,17 +189,26 @@ func watchTerms(r *linRun, c *clustertest.Cluster, wg *sync.WaitGroup) *termWatc
 	return tw
 }
 
-// rose reports whether term is higher than any seen before (but the
-// first).
-func (tw *termWatch) rose(term uint64) bool {
+// saw records that node answered term to a poll begun at began. It
+// reports whether term is higher than any seen before (but the first), and
+// then from when the new term may have begun.
+func (tw *termWatch) saw(node string, term uint64, began int64) (from int64, rose bool) {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
+	from = began
+	for _, t := range tw.last {
+		from = min(from, t)
+	}
+	if len(tw.last) < tw.nodes {
+		from = 0 // a node not heard from yet: since the run began
+	}
+	tw.last[node] = began
 	first := tw.max == 0
 	if term <= tw.max {
-		return false
+		return 0, false
 	}
 	tw.max = term
-	return !first
+	return from, !first
 }
 
 // settle writes through cl until a write is acknowledged, and returns
