@@ -216,7 +216,7 @@ func (s linState) worlds(in linInput) []linState {
 	if !lockOp || !l.Present {
 		return []linState{s}
 	}
-	ranOut := in.Quiet >= 0 && max(l.Until, in.Quiet) < in.Call-int64(linTTL+linExpirySlack)
+	ranOut := linRanOut(l.Until, in)
 	if l.Expired {
 		if l.Over || in.Quiet == l.At || ranOut {
 			return []linState{s}
@@ -298,6 +298,12 @@ func (w linState) scan(out linOutput) (linState, bool) {
 		}
 	}
 	return w, true
+}
+
+// linRanOut reports whether a lease last granted or renewed by until must
+// have run out by in's call (see worlds).
+func linRanOut(until int64, in linInput) bool {
+	return in.Quiet >= 0 && max(until, in.Quiet) < in.Call-int64(linTTL+linExpirySlack)
 }
 
 // linExpirySlack is how long past Until + linTTL the model still lets a
@@ -786,7 +792,7 @@ func lateHeld(history []porcupine.Operation) int {
 	n := 0
 	for _, op := range history {
 		in := op.Input.(linInput)
-		if !in.Held || in.Quiet < 0 {
+		if !in.Held {
 			continue
 		}
 		var last refresh
@@ -795,7 +801,7 @@ func lateHeld(history []porcupine.Operation) int {
 				last = f
 			}
 		}
-		if last.ret > 0 && max(last.ret, in.Quiet) < op.Call-int64(linTTL+linExpirySlack) {
+		if last.ret > 0 && linRanOut(last.ret, in) {
 			n++
 		}
 	}

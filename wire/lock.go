@@ -208,36 +208,11 @@ func unknownOutcome(err error) bool {
 // the lock cannot be looked up, err is returned: a grant made after the
 // look-up runs out after its TTL, as before.
 func (c *Client) findGrant(ctx context.Context, name string, ttl time.Duration, holder string, timeout time.Duration, err error) (fencekv.Lease, error) {
-	lctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), timeout)
-	defer cancel()
 	var in fencekv.LockInfo
-	for {
-		// As in release: a node silent for a third of the time is left
-		// for the next address.
-		cn := c.cur.Load()
-		actx, acancel := context.WithTimeout(lctx, timeout/3)
-		var ierr error
-		in, ierr = c.LockInfo(actx, name)
-		silent := ierr != nil && actx.Err() != nil && lctx.Err() == nil
-		acancel()
-		if ierr == nil {
-			break
-		}
-		if !silent && !retryable(ierr) {
-			return fencekv.Lease{}, err
-		}
-		c.leave(cn, ierr)
-		if silent {
-			continue
-		}
-		t := time.NewTimer(20 * time.Millisecond)
-		select {
-		case <-lctx.Done():
-		case <-c.closing:
-		case <-t.C:
-			continue
-		}
-		t.Stop()
+	if c.retry(context.WithoutCancel(ctx), timeout, func(ctx context.Context) (ierr error) {
+		in, ierr = c.LockInfo(ctx, name)
+		return ierr
+	}) != nil {
 		return fencekv.Lease{}, err
 	}
 	if !in.Held || in.Holder != holder {
@@ -253,15 +228,22 @@ func (c *Client) findGrant(ctx context.Context, name string, ttl time.Duration, 
 // release releases the lease within timeout, trying again while it fails
 // with the connection or as unavailable (the server may be coming back).
 func (c *Client) release(ctx context.Context, name string, token fencekv.Token, timeout time.Duration) error {
+	return c.retry(ctx, timeout, func(ctx context.Context) error { return c.Release(ctx, name, token) })
+}
+
+// retry calls call until it succeeds or fails for good (a refusal, the
+// client closed), within timeout. Each try gets a third of the time, and a
+// node that does not answer within it, or fails with the connection or as
+// unavailable, is left for the next address; after the latter the next
+// try waits, 20 ms and doubling up to 500 ms. It returns the last error.
+func (c *Client) retry(ctx context.Context, timeout time.Duration, call func(context.Context) error) error {
 	ctx, cancel := context.WithTimeout(ctx, timeout)
 	defer cancel()
 	pause := 20 * time.Millisecond
 	for {
-		// Each try gets a third of the time, and a node that does not
-		// answer within it is left for the next address.
 		cn := c.cur.Load()
 		actx, acancel := context.WithTimeout(ctx, timeout/3)
-		err := c.Release(actx, name, token)
+		err := call(actx)
 		silent := err != nil && actx.Err() != nil && ctx.Err() == nil
 		acancel()
 		if silent {

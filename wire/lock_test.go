@@ -453,6 +453,39 @@ func TestWithLockFindsLostGrant(t *testing.T) {
 		}
 	})
 
+	// Another holder's lease is never taken (G4: one holder per token):
+	// the acquire is refused lock_held, the refusal is lost, and the
+	// look-up finds the lock held under another name.
+	t.Run("another's", func(t *testing.T) {
+		other, err := ts.DB.Acquire(ctx, "job", time.Minute, &fencekv.AcquireOptions{Holder: "someone else"})
+		ok(t, err)
+		p.dropped.Store(0)
+		p.mute.Store(true)
+		res := make(chan error, 1)
+		called := false
+		go func() {
+			res <- c.WithLock(ctx, "job", 5*time.Second, nil, func(context.Context, fencekv.Lease) error {
+				called = true
+				return nil
+			})
+		}()
+		eventually(t, 10*time.Second, "the refusal dropped", func() bool { return p.dropped.Load() > 0 })
+		p.mute.Store(false)
+		p.cut()
+		var ce *wire.ConnError
+		if err := <-res; !errors.As(err, &ce) || ce.Outcome != fencekv.OutcomeUnknown {
+			t.Fatalf("WithLock: %v; want the acquire's unknown outcome", err)
+		}
+		if called {
+			t.Fatal("fn ran with another holder's lease")
+		}
+		in, err := ts.DB.LockInfo(ctx, "job")
+		if err != nil || !in.Held || in.Token != other.Token {
+			t.Fatalf("after WithLock: %+v, %v; want still held by token %d", in, err, other.Token)
+		}
+		ok(t, ts.DB.Release(ctx, "job", other.Token))
+	})
+
 	t.Run("released", func(t *testing.T) {
 		p.dropped.Store(0)
 		p.mute.Store(true)
