@@ -169,8 +169,11 @@ func (c *conn) call(ctx context.Context, fn func(*wire.Client) error) error {
 // failovers: once an acquire's outcome is unknown, the lock may be this
 // caller's already, so whenever a later attempt finds it held, or is
 // unknown too, it looks whether the lock's holder is o.Holder, and takes
-// that grant.
-func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fencekv.AcquireOptions) (fencekv.Lease, error) {
+// that grant. The bool reports whether an attempt's outcome was left
+// unknown: that attempt may still be granted later, after this grant (a
+// node stopped with the request unread serves it when it resumes), so the
+// lock may come to be held by a newer token under o.Holder.
+func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fencekv.AcquireOptions) (fencekv.Lease, bool, error) {
 	deadline := time.Now().Add(failoverBudget)
 	mine := false // an attempt's outcome is unknown: a grant may be ours
 	for {
@@ -182,7 +185,7 @@ func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fe
 		})
 		mine = mine || unknown
 		if err == nil || !mine || !unknown && !errors.Is(err, fencekv.ErrLockHeld) {
-			return l, err
+			return l, mine, err
 		}
 		var in fencekv.LockInfo
 		if err := c.call(ctx, func(cl *wire.Client) error {
@@ -190,15 +193,15 @@ func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fe
 			in, err = cl.LockInfo(ctx, lock)
 			return err
 		}); err != nil {
-			return l, err
+			return l, mine, err
 		}
 		switch {
 		case in.Held && in.Holder == o.Holder:
-			return fencekv.Lease{Name: lock, Token: in.Token, TTL: ttl}, nil
+			return fencekv.Lease{Name: lock, Token: in.Token, TTL: ttl}, mine, nil
 		case in.Held && !unknown:
-			return l, err // held by another caller: a real refusal
+			return l, mine, err // held by another caller: a real refusal
 		case time.Now().After(deadline):
-			return l, fmt.Errorf("acquire %s: no answer for %v", lock, failoverBudget)
+			return l, mine, fmt.Errorf("acquire %s: no answer for %v", lock, failoverBudget)
 		}
 	}
 }

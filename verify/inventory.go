@@ -143,7 +143,7 @@ type updated struct {
 func update(ctx context.Context, cfg Config, c *conn, lock string, keys [2]string,
 	granted *atomic.Uint64, written *[2]atomic.Uint64) (u updated, err error) {
 	sent := time.Now()
-	l, err := c.acquire(ctx, lock, cfg.TTL, fencekv.AcquireOptions{Wait: 20*cfg.TTL + 10*time.Second, Holder: "fencekv verify inventory " + randomID()})
+	l, _, err := c.acquire(ctx, lock, cfg.TTL, fencekv.AcquireOptions{Wait: 20*cfg.TTL + 10*time.Second, Holder: "fencekv verify inventory " + randomID()})
 	if err != nil {
 		return u, fmt.Errorf("inventory acquire: %w", err)
 	}

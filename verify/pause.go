@@ -18,14 +18,18 @@ import (
 
 // A paused client speaks a line protocol with the verifier:
 //
-//	client: token N        (it holds the lock)
-//	verifier: go           (after SIGSTOP ... SIGCONT)
-//	client: ok | refused CODE
+//	client: token N [unknown]  (it holds the lock)
+//	verifier: go               (after SIGSTOP ... SIGCONT)
+//	client: ok | refused CODE [TOKEN]
 //
 // so that the pause falls exactly between the grant and the write. The
 // client retries through a failover until its write is answered; the
 // verifier then reads the key, so a write whose first attempt had an
-// unknown outcome is judged by what it did.
+// unknown outcome is judged by what it did. "unknown" says one of the
+// client's acquire attempts had an unknown outcome, so it may still be
+// granted after the client's grant (on a cluster, a node stopped with the
+// request unread serves it when it resumes); a refusal's TOKEN is the
+// lock's holder that not_holder names.
 
 // ClientMain is the paused client: it acquires a lock, reports its token,
 // waits for a line on stdin, then writes a key with its token (and, with
@@ -54,12 +58,16 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 		return 1
 	}
 	defer c.Close()
-	l, err := c.acquire(ctx, *lock, *ttl, fencekv.AcquireOptions{Holder: "fencekv verify paused client " + randomID()})
+	l, unknown, err := c.acquire(ctx, *lock, *ttl, fencekv.AcquireOptions{Holder: "fencekv verify paused client " + randomID()})
 	if err != nil {
 		fmt.Fprintf(stdout, "error %v\n", err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "token %d\n", l.Token)
+	if unknown {
+		fmt.Fprintf(stdout, "token %d unknown\n", l.Token)
+	} else {
+		fmt.Fprintf(stdout, "token %d\n", l.Token)
+	}
 	if _, err := bufio.NewReader(stdin).ReadString('\n'); err != nil {
 		fmt.Fprintf(stdout, "error %v\n", err)
 		return 1
@@ -76,6 +84,8 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 	switch {
 	case err == nil:
 		fmt.Fprintln(stdout, "ok")
+	case errors.As(err, &fe) && fe.Code == fencekv.CodeNotHolder:
+		fmt.Fprintf(stdout, "refused %s %d\n", fe.Code, fe.Token)
 	case errors.As(err, &fe):
 		fmt.Fprintf(stdout, "refused %s\n", fe.Code)
 	default:
@@ -93,6 +103,7 @@ type outcome struct {
 	accepted bool          // the paused client's write was accepted
 	token    fencekv.Token // the paused client's token
 	newer    fencekv.Token // the newer holder's token (stale-token variant)
+	late     fencekv.Token // a later grant of the paused client's own acquire that held the lock at its write (expired-lease variant)
 }
 
 // pauseRound runs one round. Even rounds: A acquires and is stopped; once
@@ -100,8 +111,11 @@ type outcome struct {
 // old token, which must be refused with stale_token. Odd rounds: A is
 // stopped past its lease and nobody acquires; A resumes and makes a held
 // write, which must be refused with lease_expired: the expired lease's
-// record is kept (lease.Retention), and no one else holds the lock, so
-// not_holder would be a wrong answer.
+// record is kept (lease.Retention), and no one else acquires the lock, so
+// not_holder is a wrong answer, but for one case: the paused client's own
+// acquire had an attempt of unknown outcome, and that attempt was granted
+// late, after the lease the client took ran out (a newer token under the
+// client's name then holds the lock).
 func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) (o outcome, err error) {
 	o.held = i%2 == 1
 	lock := fmt.Sprintf("%sround-%d", prefix, i)
@@ -136,11 +150,16 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 	if err != nil || !strings.HasPrefix(line, "token ") {
 		return o, fmt.Errorf("paused client: %q %v", strings.TrimSpace(line), err)
 	}
-	t, err := strconv.ParseUint(strings.TrimSpace(strings.TrimPrefix(line, "token ")), 10, 64)
+	f := strings.Fields(line)
+	if len(f) < 2 || len(f) > 3 || len(f) == 3 && f[2] != "unknown" {
+		return o, fmt.Errorf("paused client said %q", line)
+	}
+	t, err := strconv.ParseUint(f[1], 10, 64)
 	if err != nil {
 		return o, fmt.Errorf("paused client said %q", line)
 	}
 	o.token = fencekv.Token(t)
+	mayComeLate := len(f) == 3
 
 	// The pause: a real stopped process, past its lease.
 	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
@@ -151,7 +170,9 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 	}
 	var newer fencekv.Lease
 	if !o.held {
-		newer, err = c.acquire(ctx, lock, cfg.TTL*10, fencekv.AcquireOptions{Holder: "fencekv verify newer holder " + randomID()})
+		// It waits, in case a late grant of the paused client's own
+		// acquire holds the lock (see above).
+		newer, _, err = c.acquire(ctx, lock, cfg.TTL*10, fencekv.AcquireOptions{Wait: 10*cfg.TTL + 5*time.Second, Holder: "fencekv verify newer holder " + randomID()})
 		if err != nil {
 			return o, fmt.Errorf("newer holder: %w", err)
 		}
@@ -182,8 +203,14 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 		o.accepted = true
 	case !o.held && line == "refused "+string(fencekv.CodeStaleToken):
 	case o.held && line == "refused "+string(fencekv.CodeLeaseExpired):
+	case o.held && mayComeLate && strings.HasPrefix(line, "refused "+string(fencekv.CodeNotHolder)+" "):
+		t, err := strconv.ParseUint(strings.TrimPrefix(line, "refused "+string(fencekv.CodeNotHolder)+" "), 10, 64)
+		if err != nil || fencekv.Token(t) <= o.token {
+			return o, fmt.Errorf("paused client's write: unexpected %q (its token %d)", line, o.token)
+		}
+		o.late = fencekv.Token(t)
 	default:
-		return o, fmt.Errorf("paused client's write: unexpected %q", line)
+		return o, fmt.Errorf("paused client's write: unexpected %q (its token %d, an acquire attempt of unknown outcome: %v)", line, o.token, mayComeLate)
 	}
 	// The fence's very edge: the paused client's token is most often
 	// several below the newer holder's, so a write one below the fence
@@ -227,6 +254,13 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 			return o, fmt.Errorf("cleanup: %w", err)
 		}
 		return o, release(ctx, c, lock, newer.Token)
+	}
+	if o.late != 0 {
+		// The late grant is the paused client's: let it go (unless it
+		// has run out already).
+		if err := release(ctx, c, lock, o.late); err != nil && !errors.Is(err, fencekv.ErrNotHolder) && !errors.Is(err, fencekv.ErrLeaseExpired) {
+			return o, fmt.Errorf("releasing the late grant %d: %w", o.late, err)
+		}
 	}
 	if o.accepted {
 		return o, cleanup(ctx, c, lock, cfg.TTL, key)

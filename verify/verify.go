@@ -18,6 +18,7 @@ import (
 	"fmt"
 	"io"
 	"os/exec"
+	"strings"
 	"sync"
 	"time"
 
@@ -62,6 +63,7 @@ type Report struct {
 	StaleAccepted int // paused clients' writes accepted after a newer write (a violation)
 	HeldRefused   int // held writes after expiry refused (lease_expired)
 	HeldAccepted  int // held writes after expiry accepted (a violation)
+	HeldLate      int // of HeldRefused, refused not_holder: a late grant of the paused client's own acquire (an attempt of unknown outcome) held the lock
 
 	Updates        int   // inventory updates attempted
 	Acked          int   // inventory updates acknowledged
@@ -98,6 +100,9 @@ inventory: %d updates attempted, %d acknowledged, %d with an unknown outcome (fa
 %s
 `, r.Prefix, r.Elapsed.Round(time.Millisecond), r.Rounds, r.StaleRefused, r.StaleAccepted, r.HeldRefused, r.HeldAccepted,
 		r.Updates, r.Acked, r.Unknown, r.LateAttempted, r.LateRefused, r.LateAccepted, r.Counter, r.Total, verdict)
+	if r.HeldLate > 0 {
+		s = strings.Replace(s, "\ninventory:", fmt.Sprintf("\n    (%d of those refused not_holder: a late grant of the client's own acquire, retried after a failover, held the lock)\ninventory:", r.HeldLate), 1)
+	}
 	for _, v := range r.Violations {
 		s += "  - " + v + "\n"
 	}
@@ -197,6 +202,9 @@ func pauseRounds(ctx context.Context, cfg Config, c *conn, rep *Report) error {
 				rep.violate("round %d: a held write with token %d was accepted after its lease expired", i, o.token)
 			case o.held:
 				rep.HeldRefused++
+				if o.late != 0 {
+					rep.HeldLate++
+				}
 			case o.accepted:
 				rep.StaleAccepted++
 				rep.violate("round %d: a write with token %d was accepted after token %d wrote", i, o.token, o.newer)
@@ -244,7 +252,7 @@ func awaitExpiry(ctx context.Context, c *conn, lock string, ttl time.Duration) e
 // cleanup deletes key with a fresh grant of lock (above every token that
 // wrote it), then releases the lock.
 func cleanup(ctx context.Context, c *conn, lock string, ttl time.Duration, keys ...string) error {
-	l, err := c.acquire(ctx, lock, ttl, fencekv.AcquireOptions{Wait: 10*ttl + 5*time.Second, Holder: "fencekv verify cleanup " + randomID()})
+	l, _, err := c.acquire(ctx, lock, ttl, fencekv.AcquireOptions{Wait: 10*ttl + 5*time.Second, Holder: "fencekv verify cleanup " + randomID()})
 	if err != nil {
 		return fmt.Errorf("cleanup: %w", err)
 	}
