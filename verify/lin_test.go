@@ -707,13 +707,35 @@ type linRun struct {
 	done    atomic.Bool // clients stop issuing operations
 	ops     *opCounter  // operations completed, for the kill schedule
 
-	mu         sync.Mutex // guards history, odd, notApplied
+	mu         sync.Mutex // guards history, odd, notApplied, holders
 	history    []porcupine.Operation
-	odd        []string // answers that fit no refusal the workload can cause
-	notApplied []string // operations answered unavailable (not applied): left out of the history
+	odd        []string          // answers that fit no refusal the workload can cause
+	notApplied []string          // operations answered unavailable (not applied): left out of the history
+	holders    map[uint64]string // token → the holder its grant was made for, as the answers told it
 }
 
 func (r *linRun) now() int64 { return int64(time.Since(r.start)) }
+
+// sawHolder checks an answer's holder of token against every earlier
+// answer's: a token is granted once, to one holder (G4), whose name an
+// acquire's answer implies and lock_info reports. The porcupine model
+// leaves holders out; this check is outside it.
+func (r *linRun) sawHolder(token uint64, holder, what string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !strings.HasPrefix(holder, "lin client ") {
+		r.odd = append(r.odd, fmt.Sprintf("%s: token %d held by %q, a name no client used", what, token, holder))
+		return
+	}
+	if r.holders == nil {
+		r.holders = map[uint64]string{}
+	}
+	if h, ok := r.holders[token]; ok && h != holder {
+		r.odd = append(r.odd, fmt.Sprintf("%s: token %d held by %q, but it was granted to %q", what, token, holder, h))
+		return
+	}
+	r.holders[token] = holder
+}
 
 func runLinearizable(t *testing.T, cfg linConfig) {
 	seed := testSeed(t)
@@ -1105,14 +1127,25 @@ func (p linPart) prefix() string {
 	return pre
 }
 
-// linScanned puts the items of a scan of part in their places.
-func linScanned(part linPart, items []fencekv.Entry) (linOutput, error) {
+// linScanned puts the items of a scan of part in their places. The scan
+// asked for more items than the partition has keys, so more must be
+// false, and its items come in key order.
+func linScanned(part linPart, items []fencekv.Entry, more bool) (linOutput, error) {
 	var out linOutput
-	for _, e := range items {
+	odd := func(format string, args ...any) error {
+		// An answer the workload cannot cause: reported as odd.
+		return &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("scan of %q: ", part.prefix()) + fmt.Sprintf(format, args...)}
+	}
+	if more {
+		return out, odd("more items with %d listed, of at most %d", len(items), len(part.keys))
+	}
+	for j, e := range items {
 		i := slices.Index(part.keys, string(e.Key))
 		if i < 0 || out.Items[i].Found {
-			// An answer the workload cannot cause: reported as odd.
-			return out, &fencekv.Error{Code: fencekv.CodeInternal, Message: fmt.Sprintf("scan of %q listed %q", part.prefix(), e.Key)}
+			return out, odd("listed %q", e.Key)
+		}
+		if j > 0 && string(items[j-1].Key) >= string(e.Key) {
+			return out, odd("listed %q after %q", e.Key, items[j-1].Key)
 		}
 		out.Items[i] = linItem{Found: true, Value: string(e.Value), Fence: uint64(e.Fence), Rev: uint64(e.Revision)}
 	}
@@ -1299,9 +1332,13 @@ func (c *linClient) do(ctx context.Context, in linInput) bool {
 		out = linOutput{Deleted: deleted, Fence: uint64(res.Fence), Rev: uint64(res.Revision)}
 	case linAcquire:
 		var l fencekv.Lease
+		holder := fmt.Sprintf("lin client %d", c.id)
 		l, err = c.c.Acquire(cctx, part.lock, linTTL, &fencekv.AcquireOptions{
-			Holder: fmt.Sprintf("lin client %d", c.id), Wait: time.Duration(in.Wait) * time.Millisecond})
+			Holder: holder, Wait: time.Duration(in.Wait) * time.Millisecond})
 		out = linOutput{Token: uint64(l.Token)}
+		if err == nil {
+			c.run.sawHolder(out.Token, holder, "acquire of "+part.lock)
+		}
 	case linRelease:
 		err = c.c.Release(cctx, part.lock, fencekv.Token(in.Token))
 	case linRenew:
@@ -1310,11 +1347,15 @@ func (c *linClient) do(ctx context.Context, in linInput) bool {
 		var li fencekv.LockInfo
 		li, err = c.c.LockInfo(cctx, part.lock)
 		out = linOutput{Held: li.Held, Token: uint64(li.Token), Left: li.TTL > 0}
+		if err == nil && li.Held {
+			c.run.sawHolder(out.Token, li.Holder, "lock_info of "+part.lock)
+		}
 	case linScan:
 		var items []fencekv.Entry
-		items, _, err = c.c.Scan(cctx, fencekv.ScanOptions{Prefix: []byte(part.prefix())})
+		var more bool
+		items, more, err = c.c.Scan(cctx, fencekv.ScanOptions{Prefix: []byte(part.prefix())})
 		if err == nil {
-			out, err = linScanned(part, items)
+			out, err = linScanned(part, items, more)
 		}
 	}
 	ret := c.run.now()
@@ -1430,5 +1471,36 @@ func (c *linClient) learn(in linInput, out linOutput) {
 		c.holding, c.token = in.Part, out.Token
 	case in.Op == linRelease, in.Op == linRenew && out.Err != "":
 		c.holding = -1
+	}
+}
+
+// TestLinScanned: a scan's answer that lists keys out of order, a key
+// twice or outside the partition, or says more are left, is an odd
+// answer; a right one puts each item in its key's place.
+func TestLinScanned(t *testing.T) {
+	part := linPart{name: "p", keys: []string{"lin/s/a", "lin/s/b"}}
+	e := func(k string) fencekv.Entry {
+		return fencekv.Entry{Key: []byte(k), Value: []byte("v" + k), Found: true, Fence: 3, Revision: 7}
+	}
+	out, err := linScanned(part, []fencekv.Entry{e("lin/s/a"), e("lin/s/b")}, false)
+	if err != nil || !out.Items[0].Found || out.Items[1].Value != "vlin/s/b" || out.Items[1].Fence != 3 || out.Items[1].Rev != 7 {
+		t.Fatalf("in order: %+v, %v", out, err)
+	}
+	if out, err := linScanned(part, nil, false); err != nil || out.Items[0].Found || out.Items[1].Found {
+		t.Fatalf("empty: %+v, %v", out, err)
+	}
+	for name, tc := range map[string]struct {
+		items []fencekv.Entry
+		more  bool
+	}{
+		"out of order": {items: []fencekv.Entry{e("lin/s/b"), e("lin/s/a")}},
+		"twice":        {items: []fencekv.Entry{e("lin/s/a"), e("lin/s/a")}},
+		"outside":      {items: []fencekv.Entry{e("lin/s/c")}},
+		"more":         {items: []fencekv.Entry{e("lin/s/a")}, more: true},
+	} {
+		var fe *fencekv.Error
+		if _, err := linScanned(part, tc.items, tc.more); !errors.As(err, &fe) || fe.Code != fencekv.CodeInternal {
+			t.Errorf("%s: %v; want an odd answer", name, err)
+		}
 	}
 }
