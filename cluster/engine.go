@@ -3,6 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
+	"fmt"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -16,6 +17,13 @@ import (
 // route runs local, or remote on the leader's connection when local says
 // errForward. write marks requests whose outcome is unknown if the
 // connection breaks after they were sent.
+//
+// A request is forwarded in one hop: one that another node forwarded here
+// (wire.Forwarded) is answered not_leader when this node does not lead,
+// and that node looks for the leader itself. So a request that waited
+// unread in a node that was stopped or cut off while it led is not passed
+// on to the new leader when that node resumes, long after the node that
+// sent it answered its client.
 func route[T any](ctx context.Context, n *Node, write bool, local func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
 	var zero T
 	var deadline <-chan time.Time
@@ -25,17 +33,28 @@ func route[T any](ctx context.Context, n *Node, write bool, local func() (T, err
 		if !errors.As(err, &fw) {
 			return v, err
 		}
+		if wire.Forwarded(ctx) {
+			return zero, &fencekv.Error{Code: fencekv.CodeNotLeader, Leader: fw.addr,
+				Message: "a forwarded request reached a node that does not lead; it is not forwarded again"}
+		}
 		c, err := n.fwd.client(ctx, fw.addr)
 		if err == nil {
 			v, err = remote(c)
-			if err != nil {
+			var fe *fencekv.Error
+			switch {
+			case err == nil:
+				return v, nil
+			case !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader:
 				return zero, n.fwd.forwardError(c, err, write)
 			}
-			return v, nil
+			// The node raft named no longer leads, and did nothing
+			// with the request: wait for raft to name the new leader,
+			// and try again, as below.
+			err = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: fmt.Sprintf("the leader at %s stepped down, and no other took the request within %v", fw.addr, n.cfg.HoldTimeout)}
 		}
 		// The leader raft last named cannot be reached (it may have
-		// died): nothing was sent, so wait for a new leader and try
-		// again, as while there is none.
+		// died), or no longer leads: nothing was applied, so wait for a
+		// new leader and try again, as while there is none.
 		if deadline == nil {
 			t := time.NewTimer(n.cfg.HoldTimeout)
 			defer t.Stop()

@@ -43,12 +43,25 @@ func (f *forwarder) client(ctx context.Context, addr string) (*wire.Client, erro
 }
 
 // dial connects to another node's client address: with TLS and this
-// node's certificate, when the client port is TLS (Config.Dial).
+// node's certificate, when the client port is TLS (Config.Dial). The
+// connection is marked as a forwarder's, so that the node it reaches
+// never forwards these requests again (one hop; see route).
 func (n *Node) dial(ctx context.Context, addr string) (*wire.Client, error) {
+	var c *wire.Client
+	var err error
 	if n.cfg.Dial != nil {
-		return n.cfg.Dial(ctx, addr)
+		c, err = n.cfg.Dial(ctx, addr)
+	} else {
+		c, err = wire.Dial(ctx, addr)
 	}
-	return wire.Dial(ctx, addr)
+	if err != nil {
+		return nil, err
+	}
+	if err := c.Forwarding(ctx); err != nil {
+		c.Close()
+		return nil, err
+	}
+	return c, nil
 }
 
 // leaderChanged drops the connection to a node that no longer leads:

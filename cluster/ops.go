@@ -137,14 +137,18 @@ func (n *Node) catchUp(ctx context.Context) (uint64, error) {
 		if err != nil {
 			return 0, n.fwd.forwardError(c, err, false)
 		}
-		if _, err := c.LockInfo(ctx, "fencekv/backup"); err != nil {
+		moved := false // the node no longer leads: it does not forward the read (one hop)
+		var fe *fencekv.Error
+		if _, err := c.LockInfo(ctx, "fencekv/backup"); errors.As(err, &fe) && fe.Code == fencekv.CodeNotLeader {
+			moved = true
+		} else if err != nil {
 			return 0, n.fwd.forwardError(c, err, false)
 		}
 		st, err := c.Status(ctx)
 		if err != nil {
 			return 0, n.fwd.forwardError(c, err, false)
 		}
-		if before.Role == "leader" && st.Role == "leader" && before.Term == st.Term {
+		if !moved && before.Role == "leader" && st.Role == "leader" && before.Term == st.Term {
 			return st.AppliedIndex, n.awaitApplied(ctx, st.AppliedIndex)
 		}
 		// The leadership moved: ask the new leader.

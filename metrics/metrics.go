@@ -62,7 +62,8 @@ type Conns interface {
 // other name a client sends is counted as "unknown", so that clients
 // cannot make series without bound.
 var methodNames = []string{"ping", "get", "put", "delete", "cas", "incr", "scan", "acquire", "renew", "release",
-	"lock_info", "locks", "status", "members", "backup", "backup_read", "auth", "unknown"}
+	"lock_info", "locks", "status", "members", "backup", "backup_read", "auth",
+	"txn", "watch", "unwatch", "term", "refusals", "forwarding", "unknown"}
 
 // codeNames are the result codes: "ok", then the refusal codes of the
 // protocol. A code not listed is counted as "other".
@@ -111,8 +112,20 @@ func methodIndex(method string) int {
 		return 15
 	case "auth":
 		return 16
+	case "txn":
+		return 17
+	case "watch":
+		return 18
+	case "unwatch":
+		return 19
+	case "term":
+		return 20
+	case "refusals":
+		return 21
+	case "forwarding":
+		return 22
 	}
-	return 17 // unknown
+	return 23 // unknown
 }
 
 // codeIndex is the index of a refusal code in codeNames.

@@ -63,6 +63,11 @@ func (c *conn) connMethod(name string) (method, bool) {
 		return func(ctx context.Context, eng Engine, _ *args, e *encoder) error { return c.backup(ctx, eng, e) }, true
 	case "backup_read":
 		return func(_ context.Context, _ Engine, a *args, e *encoder) error { return c.backupRead(a, e) }, true
+	case "forwarding":
+		return func(_ context.Context, _ Engine, _ *args, e *encoder) error {
+			e.EncodeMapLen(0) // serveRequest has marked the connection
+			return nil
+		}, true
 	}
 	return nil, false
 }

@@ -90,6 +90,7 @@ type Client struct {
 	backoff  time.Duration // the wait after the last failed dial round
 	nextDial time.Time     // no dial round before then
 	dialErr  error         // why the last round failed
+	forward  bool          // Forwarding was called: every new connection says so
 
 	stopDial context.Context // cancelled by Close: ends a dial round under way
 	cancel   context.CancelFunc
@@ -181,6 +182,7 @@ func (c *Client) dialRound(ctx context.Context, first int) (*link, error) {
 	defer stop()
 	c.dmu.Lock()
 	user, secret := c.opts.User, c.opts.Secret // Auth may change them
+	forward := c.forward
 	c.dmu.Unlock()
 	var errs []error
 	for i := range c.addrs {
@@ -188,10 +190,13 @@ func (c *Client) dialRound(ctx context.Context, first int) (*link, error) {
 		nc, raw, err := c.dialOne(ctx, addr)
 		if err == nil {
 			cn := newLink(c, nc, raw, addr)
-			if user == "" {
-				return cn, nil
+			if user != "" {
+				err = cn.auth(ctx, user, secret)
 			}
-			if err = cn.auth(ctx, user, secret); err == nil {
+			if err == nil && forward {
+				err = cn.forwarding(ctx)
+			}
+			if err == nil {
 				return cn, nil
 			}
 			cn.shut(err)
@@ -377,6 +382,36 @@ func (c *Client) spawn(f func()) bool {
 		}
 	})
 	return true
+}
+
+// Forwarding tells the server that this client carries requests a
+// cluster node forwards for its own clients (for nodes' forwarders; a
+// client has no use for it). The server never forwards such a request
+// again: a node that does not lead answers it not_leader, and the node
+// that sent it looks for the leader itself, so a request makes one hop,
+// and one that waited unread in a node that was stopped or cut off is not
+// passed on to the leader when that node resumes. Every connection the
+// client makes from now on says so too.
+func (c *Client) Forwarding(ctx context.Context) error {
+	c.dmu.Lock()
+	c.forward = true
+	c.dmu.Unlock()
+	cn, err := c.conn(ctx)
+	if err != nil {
+		return err
+	}
+	return cn.forwarding(ctx)
+}
+
+// forwarding marks the connection as a forwarder's: method forwarding,
+// sent as a notification. There is no answer to wait for (a node must not
+// wait on a leader that may be stopped): the server marks the connection
+// as it reads the message, before it reads the next one, so every request
+// sent after it is marked. A server that does not know the method (an
+// older version) ignores it and forwards as it always did.
+func (cn *link) forwarding(context.Context) error {
+	_, err := cn.start("forwarding", nil, nil)
+	return err
 }
 
 // reads are the methods that change nothing: their outcome is never in

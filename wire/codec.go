@@ -178,7 +178,7 @@ func (m *message) named(name []byte) {
 }
 
 func init() {
-	for _, n := range []string{"watch", "unwatch", "backup", "backup_read"} { // the connection's own (server.go, backup.go)
+	for _, n := range []string{"watch", "unwatch", "backup", "backup_read", "forwarding"} { // the connection's own (server.go, backup.go)
 		methodTable[n] = &methodInfo{name: n}
 	}
 	for n, call := range methods {

@@ -477,9 +477,10 @@ func decodeError(dec *msgpack.Decoder) (error, error) {
 var errNotSent = errors.New("wire: connection failed before the call was sent")
 
 // start sends [0, id, method, [params]] (params written by write; nil
-// write sends an empty params array) and registers p for the response.
-// A request write cannot encode is not sent: start returns write's error
-// and the connection carries on.
+// write sends an empty params array) and registers p for the response;
+// with p nil, it sends the notification [2, method, [params]], which has
+// none. A request write cannot encode is not sent: start returns write's
+// error and the connection carries on.
 func (cn *link) start(method string, write func(params) error, p *call) (uint32, error) {
 	cn.writers.Add(1)
 	cn.wmu.Lock()
@@ -487,13 +488,19 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	// The last of the callers queued here writes the requests of all of
 	// them, so concurrent calls leave in one write.
 	last := cn.writers.Add(-1) == 0
-	cn.next++
-	id := cn.next
+	var id uint32
 	e := cn.enc
 	mark := e.buf.Len()
-	e.EncodeArrayLen(4)
-	e.EncodeUint(typeRequest)
-	e.EncodeUint(uint64(id))
+	if p == nil {
+		e.EncodeArrayLen(3)
+		e.EncodeUint(typeNotification)
+	} else {
+		cn.next++
+		id = cn.next
+		e.EncodeArrayLen(4)
+		e.EncodeUint(typeRequest)
+		e.EncodeUint(uint64(id))
+	}
 	e.EncodeString(method)
 	var err error
 	if write == nil {
@@ -507,7 +514,7 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	// it, leaving the connection unread.
 	var broken error
 	cn.mu.Lock()
-	if broken = cn.err; broken == nil && err == nil {
+	if broken = cn.err; broken == nil && err == nil && p != nil {
 		cn.pending[id] = p
 	}
 	cn.mu.Unlock()

@@ -408,6 +408,10 @@ type conn struct {
 
 	sess *session // with Config.Auth: who the connection is (auth.go)
 
+	// forwarded: the connection is a cluster node's forwarder's (method
+	// forwarding): its requests' contexts say so (Forwarded).
+	forwarded atomic.Bool
+
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
 
@@ -440,6 +444,18 @@ type conn struct {
 	paused atomic.Bool // the loop reads c no more until wake resumes it (set and cleared under wmu)
 
 	args args // the request being parsed: dispatch's (its caller's goroutine)
+}
+
+// forwardedKey marks the context of a request a cluster node forwarded.
+type forwardedKey struct{}
+
+// Forwarded reports whether the request whose context ctx is was
+// forwarded by another cluster node (on a connection that called
+// forwarding: see Client.Forwarding). A node that does not lead must not
+// forward it again.
+func Forwarded(ctx context.Context) bool {
+	v, _ := ctx.Value(forwardedKey{}).(bool)
+	return v
 }
 
 func newConn(s *Server, nc net.Conn) *conn {
@@ -599,6 +615,12 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 // read served here is done with them when serveRequest returns, and a
 // request that outlives it makes them its own first.
 func (c *conn) serveRequest(m message, a *args, idle bool) {
+	if m.method == "forwarding" {
+		// Marked here, in the order the connection's messages are read,
+		// so that every request read after it is marked, however the
+		// requests are then served.
+		c.forwarded.Store(true)
+	}
 	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
 		m.inline = c.raw != nil
@@ -746,6 +768,9 @@ func (c *conn) handle(m message, a *args) {
 		// Served by the event loop itself, which may lead the batch of
 		// this round's writes.
 		ctx = c.reads
+	}
+	if c.forwarded.Load() {
+		ctx = context.WithValue(ctx, forwardedKey{}, true)
 	}
 	ctx, ferr := c.authorize(ctx, m.method, a) // auth.go
 	if ferr != nil {

@@ -1,0 +1,99 @@
+package wire_test
+
+import (
+	"context"
+	"sync"
+	"testing"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
+)
+
+// forwardSeen records whether each request it serves was marked as
+// forwarded (wire.Forwarded), as a cluster node's engine would look.
+type forwardSeen struct {
+	*fencekv.DB
+	mu   sync.Mutex // guards seen
+	seen []bool
+}
+
+func (f *forwardSeen) record(ctx context.Context) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.seen = append(f.seen, wire.Forwarded(ctx))
+}
+
+// last is what the last request said, and how many were served.
+func (f *forwardSeen) last() (bool, int) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if len(f.seen) == 0 {
+		return false, 0
+	}
+	return f.seen[len(f.seen)-1], len(f.seen)
+}
+
+func (f *forwardSeen) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
+	f.record(ctx)
+	return f.DB.Get(ctx, key)
+}
+
+func (f *forwardSeen) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
+	f.record(ctx)
+	return f.DB.Put(ctx, key, value, w)
+}
+
+// TestForwardingMarksConnection: after Client.Forwarding, every request
+// on the client's connection reaches the engine marked as forwarded (the
+// mark a cluster node reads to forward a request no further), on a
+// connection the client makes after a break too; another client's
+// requests are not marked.
+func TestForwardingMarksConnection(t *testing.T) {
+	eachMode(t, func(t *testing.T, loop bool) {
+		eng := &forwardSeen{DB: openDB(t)}
+		cfg := wireConfig()
+		cfg.EventLoop = loop
+		_, addr, _ := serveEngine(t, eng, cfg)
+		ctx := context.Background()
+		want := func(what string, forwarded bool, n int) {
+			t.Helper()
+			if f, got := eng.last(); got != n || f != forwarded {
+				t.Fatalf("%s: request %d marked forwarded %v; want request %d, %v", what, got, f, n, forwarded)
+			}
+		}
+		plain := dial(t, addr)
+		_, err := plain.Get(ctx, b("k"))
+		ok(t, err)
+		want("a client's get", false, 1)
+
+		p := startProxy(t, addr)
+		fw := dial(t, p.addr)
+		ok(t, fw.Forwarding(ctx))
+		_, err = fw.Get(ctx, b("k"))
+		ok(t, err)
+		want("a forwarder's get", true, 2)
+		_, err = fw.Put(ctx, b("k"), b("v"), fencekv.WriteOptions{})
+		ok(t, err)
+		want("a forwarder's put", true, 3)
+
+		// The connection breaks: the client's next connection is
+		// marked too (the call that met the break reached nothing).
+		p.cut()
+		n := 3
+		for range 3 {
+			if _, err = fw.Get(ctx, b("k")); err == nil {
+				n++
+				break
+			}
+		}
+		ok(t, err)
+		want("a forwarder's get after a reconnect", true, n)
+		if got := p.connections(); got != 2 {
+			t.Fatalf("%d connections through the proxy; want 2", got)
+		}
+
+		_, err = plain.Get(ctx, b("k"))
+		ok(t, err)
+		want("a client's get after a forwarder's", false, n+1)
+	})
+}
