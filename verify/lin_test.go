@@ -895,6 +895,7 @@ func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations
 		switch {
 		case out.Unknown:
 			unknown++
+			counts[in.Op.String()+" unknown"]++
 		case out.Err != "":
 			counts[out.Err]++
 		default:
@@ -916,6 +917,17 @@ func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations
 			t.Logf("history written to %s", path)
 		}
 		return
+	}
+	if res == porcupine.Unknown && !verifyLong() {
+		// No verdict is not a violation. The search is exponential in
+		// the operations of unknown outcome on a lock (each may take
+		// effect at any later point), and its budget is wall time, which
+		// -race (4-5x) on a busy machine eats: one legal history of the
+		// short cluster run took 61 s to check alone, and 4m37s under
+		// -race. make verify's long runs still fail on it.
+		path := filepath.Join(artifactDir(t), "history.txt")
+		r.dumpHistory(path, history)
+		t.Skipf("porcupine gave no verdict within %v: the check is inconclusive, not failed (history kept in %s)", cfg.checkTime, path)
 	}
 	// Visualize the partition that failed. Proving a partition illegal can
 	// take the checker long (it must try every order), so each step here
