@@ -124,6 +124,7 @@ type linInput struct {
 	Strict bool
 	Held   bool  // the write names the partition's lock
 	Wait   int64 // acquire: ms to queue
+	Delay  int64 // acquire: the lease's lock-delay, in ms
 	Call   int64
 	Return int64
 	// Quiet is when the fault-free stretch of the run that holds the
@@ -180,6 +181,7 @@ type linLock struct {
 	At      int64  // the Quiet of the operation that first saw it run out
 	Over    bool   // its end is durable: a lock_info reported it free
 	Last    uint64 // a lower bound of the highest token granted on this lock
+	Delay   int64  // the lease's lock-delay (ns): once it ran out, nobody gets the lock until Delay after its deadline
 }
 
 // linState is the model state of one partition.
@@ -349,19 +351,33 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 		if l.Present && !l.Expired {
 			return w, refusal(out, fencekv.CodeLockHeld, 0, false)
 		}
+		// A lease that ran out with a lock-delay keeps the lock from
+		// everyone until the delay after its deadline, which is at least
+		// Since + linTTL: the delay may be running (a refusal is
+		// allowed), and a grant that returned before Since + linTTL +
+		// Delay came inside it for certain. Restarts and new leaders
+		// only move the deadline later.
+		delayed := l.Present && l.Expired && l.Delay > 0
+		if delayed && !out.Unknown && out.Err == string(fencekv.CodeLockHeld) {
+			return w, true
+		}
 		if !ok {
 			return w, false
 		}
+		if delayed && in.Return < l.Since+int64(linTTL)+l.Delay {
+			return w, false
+		}
+		delay := in.Delay * int64(time.Millisecond)
 		tok := out.Token
 		if out.Unknown {
 			tok = 0
-			w.Lock = linLock{Present: true, Since: in.Call, Until: linInfinity, Last: l.Last + 1}
+			w.Lock = linLock{Present: true, Since: in.Call, Until: linInfinity, Last: l.Last + 1, Delay: delay}
 			return w, true
 		}
 		if tok <= l.Last {
 			return w, false // G1: tokens strictly increase
 		}
-		w.Lock = linLock{Present: true, Token: tok, Since: in.Call, Until: in.Return, Last: tok}
+		w.Lock = linLock{Present: true, Token: tok, Since: in.Call, Until: in.Return, Last: tok, Delay: delay}
 		return w, true
 	case linRelease, linRenew:
 		l := w.Lock
@@ -562,6 +578,9 @@ func linDescribe(in linInput, out linOutput) string {
 		if in.Wait > 0 {
 			fmt.Fprintf(&b, " wait=%dms", in.Wait)
 		}
+		if in.Delay > 0 {
+			fmt.Fprintf(&b, " lock-delay=%dms", in.Delay)
+		}
 	case linRelease, linRenew:
 		fmt.Fprintf(&b, "%s %s tok=%d", in.Op, p.lock, in.Token)
 	case linLockInfo:
@@ -653,6 +672,9 @@ func (s linState) String() string {
 	}
 	if l.Expired {
 		b.WriteString(" expired")
+	}
+	if l.Present && l.Delay > 0 {
+		fmt.Fprintf(&b, " lock-delay=%v", time.Duration(l.Delay))
 	}
 	fmt.Fprintf(&b, " last>=%d maxrev>=%d", l.Last, s.MaxRev)
 	return b.String()
@@ -1234,6 +1256,11 @@ func (c *linClient) pick() linInput {
 		if p == 0 && r.IntN(2) == 0 {
 			in.Wait = 50 + r.Int64N(250)
 		}
+		if r.IntN(100) < 50 {
+			// A lock-delay, kept only if the lease runs out (not on a
+			// release).
+			in.Delay = 200 + r.Int64N(500)
+		}
 		return in
 	}
 	return c.write(r.IntN(len(linParts)))
@@ -1346,7 +1373,7 @@ func (c *linClient) do(ctx context.Context, in linInput) bool {
 		var l fencekv.Lease
 		holder := fmt.Sprintf("lin client %d", c.id)
 		l, err = c.c.Acquire(cctx, part.lock, linTTL, &fencekv.AcquireOptions{
-			Holder: holder, Wait: time.Duration(in.Wait) * time.Millisecond})
+			Holder: holder, Wait: time.Duration(in.Wait) * time.Millisecond, LockDelay: time.Duration(in.Delay) * time.Millisecond})
 		out = linOutput{Token: uint64(l.Token)}
 		if err == nil {
 			c.run.sawHolder(out.Token, holder, "acquire of "+part.lock)
