@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
 	"github.com/hashicorp/raft"
 )
 
@@ -218,6 +219,13 @@ func (n *Node) awaitReady(ctx context.Context) (uint64, error) {
 		}
 		if addr, ok := n.leaderClientAddr(); ok {
 			return 0, errForward{addr}
+		}
+		if wire.Forwarded(ctx) && n.raft.State() != raft.Leader {
+			// Another node forwarded it here, taking this node for the
+			// leader: the request waits there, not here, where it could
+			// be applied after that node has answered its client (this
+			// node winning the next election): see route.
+			return 0, errForward{}
 		}
 		if timer == nil {
 			timer = time.NewTimer(n.cfg.HoldTimeout)

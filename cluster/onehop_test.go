@@ -3,10 +3,12 @@ package cluster
 import (
 	"context"
 	"errors"
+	"net"
 	"testing"
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/cluster/clustertest"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -75,5 +77,108 @@ func TestForwardedNotForwardedAgain(t *testing.T) {
 	}
 	if err := lf.Release(ctx, "hop/lock", l.Token); err != nil {
 		t.Fatalf("forwarded release on the leader: %v", err)
+	}
+}
+
+// TestForwardedToNodeWithoutLeader: a forwarded request reaching a node
+// that knows no leader, and is not taking the leadership itself, is
+// answered not_leader at once rather than held there for the hold
+// timeout: held, it could be applied after the node that forwarded it had
+// answered its client, if this node won the next election.
+func TestForwardedToNodeWithoutLeader(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Name = "alone"
+	cfg.Dir = t.TempDir()
+	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
+	cfg.BootstrapExpect = 3 // waits for two more that never come: no leader
+	cfg.HoldTimeout = 20 * time.Second
+	cfg.Engine.NoSync = true
+	nd, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", cfg.ClientAddr)
+	if err != nil {
+		nd.Close()
+		t.Fatal(err)
+	}
+	srv, err := wire.NewServer(nd, wire.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		srv.Shutdown(context.Background())
+		nd.Close()
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fwd, err := wire.Dial(ctx, cfg.ClientAddr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer fwd.Close()
+	if err := fwd.Forwarding(ctx); err != nil {
+		t.Fatal(err)
+	}
+	_, err = fwd.Acquire(ctx, "hop/lock", time.Minute, nil)
+	var fe *fencekv.Error
+	if !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader || fe.Leader != "" {
+		t.Fatalf("forwarded acquire on a node without a leader = %v; want not_leader naming none, at once", err)
+	}
+}
+
+// TestRouteAfterNotLeader: a node that forwarded a request to a node that
+// turned out not to lead (raft had named it: a stale view) hears
+// not_leader, waits for raft to name the leader, and sends the request
+// there; if raft keeps naming a node that does not lead, the request is
+// answered unavailable, not applied, after the hold timeout.
+func TestRouteAfterNotLeader(t *testing.T) {
+	nodes := inProcessCluster(t, 3)
+	leader := leaderOf(t, nodes, nil)
+	var followers []*Node
+	for _, nd := range nodes {
+		if nd != leader {
+			followers = append(followers, nd)
+		}
+	}
+	f, g := followers[0], followers[1]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	acquire := func(c *wire.Client) (fencekv.Lease, error) {
+		return c.Acquire(ctx, "hop/route", time.Minute, &fencekv.AcquireOptions{Holder: "route"})
+	}
+
+	stale := 0
+	l, err := route(ctx, f, true, func() (fencekv.Lease, error) {
+		if stale < 2 {
+			stale++
+			return fencekv.Lease{}, errForward{g.cfg.ClientAddr} // raft's view is behind: g does not lead
+		}
+		return f.acquire(ctx, "hop/route", time.Minute, fencekv.AcquireOptions{Holder: "route"})
+	}, acquire)
+	if err != nil {
+		t.Fatalf("route after not_leader: %v", err)
+	}
+	in, err := leader.LockInfo(ctx, "hop/route")
+	if err != nil || !in.Held || in.Token != l.Token || in.Holder != "route" {
+		t.Fatalf("lock after the routed acquire: %+v, %v; want held by token %d", in, err, l.Token)
+	}
+
+	began := time.Now()
+	_, err = route(ctx, f, true, func() (fencekv.Lease, error) {
+		return fencekv.Lease{}, errForward{g.cfg.ClientAddr}
+	}, func(c *wire.Client) (fencekv.Lease, error) {
+		return c.Acquire(ctx, "hop/never", time.Minute, nil)
+	})
+	var fe *fencekv.Error
+	if !errors.As(err, &fe) || fe.Code != fencekv.CodeUnavailable || fe.Outcome != "" {
+		t.Fatalf("route to a node that never leads = %v; want unavailable, not applied", err)
+	}
+	if d := time.Since(began); d < f.cfg.HoldTimeout {
+		t.Errorf("answered after %v; want the hold timeout (%v) first", d, f.cfg.HoldTimeout)
+	}
+	if in, err := leader.LockInfo(ctx, "hop/never"); err != nil || in.Held {
+		t.Fatalf("lock after the refused route: %+v, %v; want free", in, err)
 	}
 }

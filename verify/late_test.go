@@ -23,8 +23,10 @@ import (
 // server granted late, after the client's own lease ran out: in a held
 // round it takes the lock again under its holder name once resumed (as a
 // node that was stopped with the request unread would grant it), then
-// makes its held write with its first token. With FENCEKV_LATE_KNOWN=1 it
-// does the same but does not say an attempt was unknown. In a stale-token
+// makes its held write with its first token. FENCEKV_LATE says how:
+// "unknown" as described; "known", the same without saying an attempt was
+// unknown; "expired", its write waits until the late grant has run out
+// too; "other", the late grant is another holder's. In a stale-token
 // round it is the ordinary paused client.
 func TestLateGrantClientProcess(t *testing.T) {
 	args := fencekvtest.AsChild(t)
@@ -34,6 +36,7 @@ func TestLateGrantClientProcess(t *testing.T) {
 	key := fs.String("key", "", "")
 	ttl := fs.Duration("ttl", time.Second, "")
 	held := fs.Bool("held", false, "")
+	holder := fs.String("holder", "", "")
 	if err := fs.Parse(args); err != nil {
 		os.Exit(2)
 	}
@@ -49,12 +52,12 @@ func TestLateGrantClientProcess(t *testing.T) {
 	if err != nil {
 		fail(err)
 	}
-	holder := "late grant client"
-	l, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: holder})
+	how := os.Getenv("FENCEKV_LATE")
+	l, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: *holder})
 	if err != nil {
 		fail(err)
 	}
-	if os.Getenv("FENCEKV_LATE_KNOWN") == "1" {
+	if how == "known" {
 		fmt.Printf("token %d\n", l.Token)
 	} else {
 		fmt.Printf("token %d unknown\n", l.Token)
@@ -62,8 +65,22 @@ func TestLateGrantClientProcess(t *testing.T) {
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		fail(err)
 	}
-	if _, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: holder}); err != nil {
+	late := *holder
+	if how == "other" {
+		late = "somebody else"
+	}
+	if _, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: late}); err != nil {
 		fail(fmt.Errorf("the late grant: %w", err))
+	}
+	for how == "expired" {
+		in, err := c.LockInfo(ctx, *lock)
+		if err != nil {
+			fail(err)
+		}
+		if !in.Held {
+			break
+		}
+		time.Sleep(*ttl / 10)
 	}
 	_, err = c.Put(ctx, []byte(*key), []byte("late"), fencekv.WriteOptions{Token: l.Token, Lock: *lock})
 	var fe *fencekv.Error
@@ -75,12 +92,12 @@ func TestLateGrantClientProcess(t *testing.T) {
 }
 
 // TestVerifyLateGrant: a held write refused not_holder passes only when
-// the paused client's acquire had an attempt of unknown outcome (the newer
-// holder is then its own late grant, which verify releases); otherwise
-// verify reports the wrong answer.
+// the paused client's acquire had an attempt of unknown outcome and the
+// lock's latest grant is above its token and its own (held, which verify
+// then releases, or run out); otherwise verify reports the wrong answer.
 func TestVerifyLateGrant(t *testing.T) {
 	addr := serve(t)
-	run := func(known string) (*verify.Report, error) {
+	run := func(how string) (*verify.Report, error) {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 		defer cancel()
 		return verify.Run(ctx, verify.Config{
@@ -90,12 +107,12 @@ func TestVerifyLateGrant(t *testing.T) {
 			Clients: 1,
 			Updates: 4,
 			Client: func(args []string) *exec.Cmd {
-				return fencekvtest.Child("TestLateGrantClientProcess", args, "FENCEKV_LATE_KNOWN="+known)
+				return fencekvtest.Child("TestLateGrantClientProcess", args, "FENCEKV_LATE="+how)
 			},
 		})
 	}
 	t.Run("unknown", func(t *testing.T) {
-		rep, err := run("0")
+		rep, err := run("unknown")
 		if err != nil {
 			t.Fatalf("verify: %v\n%v", err, rep)
 		}
@@ -115,10 +132,21 @@ func TestVerifyLateGrant(t *testing.T) {
 			t.Errorf("locks under %s after verify = %v, %v; want the late grant released", rep.Prefix, locks, err)
 		}
 	})
-	t.Run("known", func(t *testing.T) {
-		rep, err := run("1")
-		if err == nil || !strings.Contains(err.Error(), `unexpected "refused not_holder`) {
-			t.Fatalf("verify = %v; want the not_holder reported as a wrong answer\n%v", err, rep)
+	t.Run("expired", func(t *testing.T) {
+		rep, err := run("expired")
+		if err != nil {
+			t.Fatalf("verify: %v\n%v", err, rep)
+		}
+		if !rep.OK() || rep.HeldRefused != 1 || rep.HeldLate != 1 {
+			t.Fatalf("held refused %d (late %d), violations %v; want 1 (1), none\n%v", rep.HeldRefused, rep.HeldLate, rep.Violations, rep)
 		}
 	})
+	for _, how := range []string{"known", "other"} {
+		t.Run(how, func(t *testing.T) {
+			rep, err := run(how)
+			if err == nil || !strings.Contains(err.Error(), `unexpected "refused not_holder`) {
+				t.Fatalf("verify = %v; want the not_holder reported as a wrong answer\n%v", err, rep)
+			}
+		})
+	}
 }

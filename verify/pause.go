@@ -48,6 +48,7 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 	key := fs.String("key", "", "key to write")
 	ttl := fs.Duration("ttl", time.Second, "lease length")
 	held := fs.Bool("held", false, "make a held write (naming the lock)")
+	holder := fs.String("holder", "", "holder name to acquire under (default: a fresh one)")
 	if err := fs.Parse(args); err != nil {
 		return 2
 	}
@@ -58,7 +59,10 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 		return 1
 	}
 	defer c.Close()
-	l, unknown, err := c.acquire(ctx, *lock, *ttl, fencekv.AcquireOptions{Holder: "fencekv verify paused client " + randomID()})
+	if *holder == "" {
+		*holder = "fencekv verify paused client " + randomID()
+	}
+	l, unknown, err := c.acquire(ctx, *lock, *ttl, fencekv.AcquireOptions{Holder: *holder})
 	if err != nil {
 		fmt.Fprintf(stdout, "error %v\n", err)
 		return 1
@@ -114,13 +118,16 @@ type outcome struct {
 // record is kept (lease.Retention), and no one else acquires the lock, so
 // not_holder is a wrong answer, but for one case: the paused client's own
 // acquire had an attempt of unknown outcome, and that attempt was granted
-// late, after the lease the client took ran out (a newer token under the
-// client's name then holds the lock).
+// late, after the lease the client took ran out. The lock's latest grant
+// is then above the client's token, and held under the client's name, or
+// run out already (lock_info names no holder then; nobody else asks for
+// the lock, so no one else can have it).
 func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) (o outcome, err error) {
 	o.held = i%2 == 1
 	lock := fmt.Sprintf("%sround-%d", prefix, i)
 	key := fmt.Sprintf("%skey-%d", prefix, i)
-	args := []string{"-addr", cfg.Addr, "-lock", lock, "-key", key, "-ttl", cfg.TTL.String()}
+	holder := "fencekv verify paused client " + randomID()
+	args := []string{"-addr", cfg.Addr, "-lock", lock, "-key", key, "-ttl", cfg.TTL.String(), "-holder", holder}
 	if o.held {
 		args = append(args, "-held")
 	}
@@ -204,11 +211,18 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 	case !o.held && line == "refused "+string(fencekv.CodeStaleToken):
 	case o.held && line == "refused "+string(fencekv.CodeLeaseExpired):
 	case o.held && mayComeLate && strings.HasPrefix(line, "refused "+string(fencekv.CodeNotHolder)+" "):
-		t, err := strconv.ParseUint(strings.TrimPrefix(line, "refused "+string(fencekv.CodeNotHolder)+" "), 10, 64)
-		if err != nil || fencekv.Token(t) <= o.token {
-			return o, fmt.Errorf("paused client's write: unexpected %q (its token %d)", line, o.token)
+		var in fencekv.LockInfo
+		if err := c.call(ctx, func(cl *wire.Client) error {
+			var err error
+			in, err = cl.LockInfo(ctx, lock)
+			return err
+		}); err != nil {
+			return o, err
 		}
-		o.late = fencekv.Token(t)
+		if in.Token <= o.token || in.Held && in.Holder != holder {
+			return o, fmt.Errorf("paused client's write: unexpected %q (its token %d; the lock: held %v by %q, latest token %d)", line, o.token, in.Held, in.Holder, in.Token)
+		}
+		o.late = in.Token
 	default:
 		return o, fmt.Errorf("paused client's write: unexpected %q (its token %d, an acquire attempt of unknown outcome: %v)", line, o.token, mayComeLate)
 	}

@@ -34,6 +34,9 @@ type message struct {
 	slot   bool  // it holds one of its connection's in-flight slots
 	held   int64 // what its arguments count against the connection's budget
 	inline bool  // served by the event loop goroutine itself: answered at the end of its round
+	// forwarded: read after its connection's forwarding message (another
+	// cluster node forwards it: see Forwarded).
+	forwarded bool
 }
 
 // errNoID is returned by parseMessage when the message is so malformed

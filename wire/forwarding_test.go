@@ -13,14 +13,19 @@ import (
 // forwarded (wire.Forwarded), as a cluster node's engine would look.
 type forwardSeen struct {
 	*fencekv.DB
-	mu   sync.Mutex // guards seen
-	seen []bool
+	mu     sync.Mutex // guards seen, method
+	seen   []bool
+	method map[string]bool // the last request of each method: marked
 }
 
-func (f *forwardSeen) record(ctx context.Context) {
+func (f *forwardSeen) record(ctx context.Context, method string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.seen = append(f.seen, wire.Forwarded(ctx))
+	if f.method == nil {
+		f.method = map[string]bool{}
+	}
+	f.method[method] = wire.Forwarded(ctx)
 }
 
 // last is what the last request said, and how many were served.
@@ -34,12 +39,12 @@ func (f *forwardSeen) last() (bool, int) {
 }
 
 func (f *forwardSeen) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
-	f.record(ctx)
+	f.record(ctx, "get")
 	return f.DB.Get(ctx, key)
 }
 
 func (f *forwardSeen) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
-	f.record(ctx)
+	f.record(ctx, "put")
 	return f.DB.Put(ctx, key, value, w)
 }
 
@@ -95,5 +100,38 @@ func TestForwardingMarksConnection(t *testing.T) {
 		_, err = plain.Get(ctx, b("k"))
 		ok(t, err)
 		want("a client's get after a forwarder's", false, n+1)
+	})
+}
+
+// TestForwardingMarksOnlyLaterRequests: the mark applies to the requests
+// read after the forwarding message, not to one read before it, even when
+// both arrive in one segment and are served at once.
+func TestForwardingMarksOnlyLaterRequests(t *testing.T) {
+	eachMode(t, func(t *testing.T, loop bool) {
+		eng := &forwardSeen{DB: openDB(t)}
+		cfg := wireConfig()
+		cfg.EventLoop = loop
+		_, addr, _ := serveEngine(t, eng, cfg)
+		for i := range 20 {
+			raw := dialRaw(t, addr)
+			raw.send(
+				[]any{0, 1, "put", []any{map[string]any{"key": "k", "value": "v"}}},
+				[]any{2, "forwarding", []any{}},
+				[]any{0, 2, "get", []any{map[string]any{"key": "k"}}},
+			)
+			for range 2 {
+				if p := raw.reply(); p.err != nil {
+					t.Fatalf("answer %+v", p)
+				}
+			}
+			eng.mu.Lock()
+			put, get := eng.method["put"], eng.method["get"]
+			eng.method = nil
+			eng.mu.Unlock()
+			if put || !get {
+				t.Fatalf("round %d: put marked %v, get marked %v; want the put unmarked and the get marked", i, put, get)
+			}
+			raw.nc.Close()
+		}
 	})
 }

@@ -409,8 +409,9 @@ type conn struct {
 	sess *session // with Config.Auth: who the connection is (auth.go)
 
 	// forwarded: the connection is a cluster node's forwarder's (method
-	// forwarding): its requests' contexts say so (Forwarded).
-	forwarded atomic.Bool
+	// forwarding): the requests read after it say so (Forwarded). Read
+	// and set by the connection's reader only (serveRequest).
+	forwarded bool
 
 	slots    chan struct{} // one per in-flight request
 	handlers sync.WaitGroup
@@ -617,10 +618,11 @@ func (c *conn) dispatch(dec *msgpack.Decoder, frame []byte, idle bool, now time.
 func (c *conn) serveRequest(m message, a *args, idle bool) {
 	if m.method == "forwarding" {
 		// Marked here, in the order the connection's messages are read,
-		// so that every request read after it is marked, however the
-		// requests are then served.
-		c.forwarded.Store(true)
+		// so that every request read after it is marked, and none read
+		// before it, however the requests are then served.
+		c.forwarded = true
 	}
+	m.forwarded = c.forwarded
 	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
 		m.inline = c.raw != nil
@@ -769,7 +771,7 @@ func (c *conn) handle(m message, a *args) {
 		// this round's writes.
 		ctx = c.reads
 	}
-	if c.forwarded.Load() {
+	if m.forwarded {
 		ctx = context.WithValue(ctx, forwardedKey{}, true)
 	}
 	ctx, ferr := c.authorize(ctx, m.method, a) // auth.go
