@@ -26,6 +26,7 @@ import (
 // sent it answered its client.
 func route[T any](ctx context.Context, n *Node, write bool, local func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
 	var zero T
+	began := time.Now() // the hold timeout counts from here, waits here and on the remote included
 	var deadline <-chan time.Time
 	for {
 		v, err := local()
@@ -56,7 +57,7 @@ func route[T any](ctx context.Context, n *Node, write bool, local func() (T, err
 		// died), or no longer leads: nothing was applied, so wait for a
 		// new leader and try again, as while there is none.
 		if deadline == nil {
-			t := time.NewTimer(n.cfg.HoldTimeout)
+			t := time.NewTimer(max(n.cfg.HoldTimeout-time.Since(began), 0))
 			defer t.Stop()
 			deadline = t.C
 		}
