@@ -27,6 +27,17 @@ func TestForwardedNotForwardedAgain(t *testing.T) {
 			break
 		}
 	}
+	// A leader is ready once a quorum has its entries: the other follower
+	// may not have heard from it yet, and would rightly answer not_leader
+	// naming no leader. Wait until this one knows the leader.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		if addr, ok := follower.leaderClientAddr(); ok && addr == leader.cfg.ClientAddr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("follower %s never learned that %s leads", follower.cfg.Name, leader.cfg.Name)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	fwd, err := wire.Dial(ctx, follower.cfg.ClientAddr)

@@ -65,11 +65,14 @@ func TestLateGrantClientProcess(t *testing.T) {
 	if _, err := bufio.NewReader(os.Stdin).ReadString('\n'); err != nil {
 		fail(err)
 	}
-	late := *holder
+	late, lateTTL := *holder, *ttl
 	if how == "other" {
-		late = "somebody else"
+		// Held until well after verify looks at the lock: had it run out
+		// by then, lock_info would name no holder, and verify could not
+		// tell it from the client's own late grant.
+		late, lateTTL = "somebody else", time.Minute
 	}
-	if _, err := c.Acquire(ctx, *lock, *ttl, &fencekv.AcquireOptions{Holder: late}); err != nil {
+	if _, err := c.Acquire(ctx, *lock, lateTTL, &fencekv.AcquireOptions{Holder: late}); err != nil {
 		fail(fmt.Errorf("the late grant: %w", err))
 	}
 	for how == "expired" {
