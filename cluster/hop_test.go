@@ -50,6 +50,13 @@ func TestForwardedRequestMakesOneHop(t *testing.T) {
 	actx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	_, err = cl.Acquire(actx, "hop/lock", time.Minute, &fencekv.AcquireOptions{Holder: "hop"})
 	cancel()
+	if err == nil {
+		// The follower forwarded it to the new leader: it had noticed the
+		// old one gone (an election timeout) before the acquire reached
+		// it, which takes this process stalling for most of a second.
+		// TestForwardedNotForwardedAgain checks the rule without timing.
+		t.Skip("the follower knew of the new leader before it forwarded the acquire: the scenario did not happen")
+	}
 	var fe *fencekv.Error
 	if !errors.As(err, &fe) || fe.Code != fencekv.CodeUnavailable || fe.Outcome != fencekv.OutcomeUnknown {
 		t.Fatalf("acquire through the follower while the leader is stopped = %v; want unavailable with an unknown outcome", err)
