@@ -26,8 +26,9 @@ import (
 // sent it answered its client.
 func route[T any](ctx context.Context, n *Node, write bool, local func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
 	var zero T
-	began := time.Now() // the hold timeout counts from here, waits here and on the remote included
+	began := time.Now() // the hold timeout counts from here, the remote's waits included
 	var deadline <-chan time.Time
+	moved := false // a not_leader was followed at once to the leader raft names now
 	for {
 		v, err := local()
 		var fw errForward
@@ -49,8 +50,14 @@ func route[T any](ctx context.Context, n *Node, write bool, local func() (T, err
 				return zero, n.fwd.forwardError(c, err, write)
 			}
 			// The node raft named no longer leads, and did nothing
-			// with the request: wait for raft to name the new leader,
-			// and try again, as below.
+			// with the request. If raft names another leader already,
+			// go there at once (once: the hold timeout may have passed
+			// while the remote waited); else wait for raft to name the
+			// new leader, and try again, as below.
+			if addr, ok := n.leaderClientAddr(); ok && addr != fw.addr && !moved {
+				moved = true
+				continue
+			}
 			err = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: fmt.Sprintf("the leader at %s stepped down, and no other took the request within %v", fw.addr, n.cfg.HoldTimeout)}
 		}
 		// The leader raft last named cannot be reached (it may have

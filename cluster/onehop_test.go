@@ -137,6 +137,11 @@ func TestForwardedToNodeWithoutLeader(t *testing.T) {
 	if !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader || fe.Leader != "" {
 		t.Fatalf("forwarded acquire on a node without a leader = %v; want not_leader naming none, at once", err)
 	}
+	// A backup on such a connection looks for no leader to dial either
+	// (it once dialed the empty address).
+	if _, err := fwd.Backup(ctx); !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader {
+		t.Fatalf("backup on a marked connection to a node without a leader = %v; want not_leader", err)
+	}
 }
 
 // TestRouteAfterNotLeader: a node that forwarded a request to a node that

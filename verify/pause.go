@@ -219,7 +219,10 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 		}); err != nil {
 			return o, err
 		}
-		if in.Token <= o.token || in.Held && in.Holder != holder {
+		// The refusal named the holder's token at the write, if the
+		// lease was live (0 if not): the latest grant is at least that.
+		named, err := strconv.ParseUint(strings.TrimPrefix(line, "refused "+string(fencekv.CodeNotHolder)+" "), 10, 64)
+		if err != nil || in.Token <= o.token || uint64(in.Token) < named || in.Held && in.Holder != holder {
 			return o, fmt.Errorf("paused client's write: unexpected %q (its token %d; the lock: held %v by %q, latest token %d)", line, o.token, in.Held, in.Holder, in.Token)
 		}
 		o.late = in.Token
