@@ -17,8 +17,12 @@ func TestProtocolDocListsEveryMethod(t *testing.T) {
 		t.Fatal(err)
 	}
 	var listed []string
-	for _, m := range regexp.MustCompile("(?m)^\\| \\[`([a-z_]+)`\\]\\(#[a-z_]+\\) \\|").FindAllSubmatch(doc, -1) {
-		listed = append(listed, string(m[1]))
+	for _, m := range regexp.MustCompile("(?m)^\\| \\[`([a-z_]+)`\\]\\(#([a-z_]+)\\) \\|").FindAllSubmatch(doc, -1) {
+		name, anchor := string(m[1]), string(m[2])
+		listed = append(listed, name)
+		if anchor != name && !(name == "unwatch" && anchor == "watch") {
+			t.Errorf("PROTOCOL.md's method table links %s to #%s", name, anchor)
+		}
 	}
 	var known []string
 	for name := range methodTable {
