@@ -36,8 +36,7 @@ func route[T any](ctx context.Context, n *Node, write bool, local func() (T, err
 			return v, err
 		}
 		if wire.Forwarded(ctx) {
-			return zero, &fencekv.Error{Code: fencekv.CodeNotLeader, Leader: fw.addr,
-				Message: "a forwarded request reached a node that does not lead; it is not forwarded again"}
+			return zero, notLeader(fw.addr)
 		}
 		c, err := n.fwd.client(ctx, fw.addr)
 		if err == nil {
@@ -78,6 +77,14 @@ func route[T any](ctx context.Context, n *Node, write bool, local func() (T, err
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// notLeader answers a forwarded request on a node that does not lead,
+// naming the leader at addr if it knows one: it is neither forwarded again
+// nor held here (see route).
+func notLeader(addr string) error {
+	return &fencekv.Error{Code: fencekv.CodeNotLeader, Leader: addr,
+		Message: "a forwarded request reached a node that does not lead; it is not forwarded again"}
 }
 
 // read runs fn on this node's state once a read may be answered here

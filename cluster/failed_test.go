@@ -35,28 +35,35 @@ func inProcessCluster(t *testing.T, n int) []*Node {
 				cfg.Join = append(cfg.Join, as[j].gossip)
 			}
 		}
-		cfg.Engine.NoSync = true
-		nd, err := Open(cfg)
-		if err != nil {
-			t.Fatal(err)
-		}
-		ln, err := net.Listen("tcp", cfg.ClientAddr)
-		if err != nil {
-			nd.Close()
-			t.Fatal(err)
-		}
-		srv, err := wire.NewServer(nd, wire.DefaultConfig())
-		if err != nil {
-			t.Fatal(err)
-		}
-		go srv.Serve(ln)
-		t.Cleanup(func() {
-			srv.Shutdown(context.Background())
-			nd.Close()
-		})
-		nodes[i] = nd
+		nodes[i] = serveNode(t, cfg)
 	}
 	return nodes
+}
+
+// serveNode opens a node with cfg (without fsync) and serves the protocol
+// on its client address until the test ends.
+func serveNode(t *testing.T, cfg Config) *Node {
+	t.Helper()
+	cfg.Engine.NoSync = true
+	nd, err := Open(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", cfg.ClientAddr)
+	if err != nil {
+		nd.Close()
+		t.Fatal(err)
+	}
+	srv, err := wire.NewServer(nd, wire.DefaultConfig())
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(ln)
+	t.Cleanup(func() {
+		srv.Shutdown(context.Background())
+		nd.Close()
+	})
+	return nd
 }
 
 func leaderOf(t *testing.T, nodes []*Node, except *Node) *Node {

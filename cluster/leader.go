@@ -225,7 +225,7 @@ func (n *Node) awaitReady(ctx context.Context) (uint64, error) {
 			// leader: the request waits there, not here, where it could
 			// be applied after that node has answered its client (this
 			// node winning the next election): see route.
-			return 0, &fencekv.Error{Code: fencekv.CodeNotLeader, Message: "a forwarded request reached a node that knows no leader; it is not held here"}
+			return 0, notLeader("")
 		}
 		if timer == nil {
 			timer = time.NewTimer(n.cfg.HoldTimeout)

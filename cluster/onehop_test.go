@@ -3,7 +3,6 @@ package cluster
 import (
 	"context"
 	"errors"
-	"net"
 	"testing"
 	"time"
 
@@ -40,15 +39,8 @@ func TestForwardedNotForwardedAgain(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	fwd, err := wire.Dial(ctx, follower.cfg.ClientAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fwd.Close()
-	if err := fwd.Forwarding(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, err = fwd.Acquire(ctx, "hop/lock", time.Minute, &fencekv.AcquireOptions{Holder: "twice forwarded"})
+	fwd := dialForwarder(t, ctx, follower.cfg.ClientAddr)
+	_, err := fwd.Acquire(ctx, "hop/lock", time.Minute, &fencekv.AcquireOptions{Holder: "twice forwarded"})
 	var fe *fencekv.Error
 	if !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader || fe.Leader != leader.cfg.ClientAddr {
 		t.Fatalf("forwarded acquire on a follower = %v; want not_leader naming %s", err, leader.cfg.ClientAddr)
@@ -78,14 +70,7 @@ func TestForwardedNotForwardedAgain(t *testing.T) {
 		t.Fatal(err)
 	}
 	// And the forwarder's connection is served on the leader.
-	lf, err := wire.Dial(ctx, leader.cfg.ClientAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer lf.Close()
-	if err := lf.Forwarding(ctx); err != nil {
-		t.Fatal(err)
-	}
+	lf := dialForwarder(t, ctx, leader.cfg.ClientAddr)
 	if err := lf.Release(ctx, "hop/lock", l.Token); err != nil {
 		t.Fatalf("forwarded release on the leader: %v", err)
 	}
@@ -103,36 +88,11 @@ func TestForwardedToNodeWithoutLeader(t *testing.T) {
 	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
 	cfg.BootstrapExpect = 3 // waits for two more that never come: no leader
 	cfg.HoldTimeout = 20 * time.Second
-	cfg.Engine.NoSync = true
-	nd, err := Open(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", cfg.ClientAddr)
-	if err != nil {
-		nd.Close()
-		t.Fatal(err)
-	}
-	srv, err := wire.NewServer(nd, wire.DefaultConfig())
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(ln)
-	t.Cleanup(func() {
-		srv.Shutdown(context.Background())
-		nd.Close()
-	})
+	serveNode(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	fwd, err := wire.Dial(ctx, cfg.ClientAddr)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer fwd.Close()
-	if err := fwd.Forwarding(ctx); err != nil {
-		t.Fatal(err)
-	}
-	_, err = fwd.Acquire(ctx, "hop/lock", time.Minute, nil)
+	fwd := dialForwarder(t, ctx, cfg.ClientAddr)
+	_, err := fwd.Acquire(ctx, "hop/lock", time.Minute, nil)
 	var fe *fencekv.Error
 	if !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader || fe.Leader != "" {
 		t.Fatalf("forwarded acquire on a node without a leader = %v; want not_leader naming none, at once", err)
@@ -197,4 +157,20 @@ func TestRouteAfterNotLeader(t *testing.T) {
 	if in, err := leader.LockInfo(ctx, "hop/never"); err != nil || in.Held {
 		t.Fatalf("lock after the refused route: %+v, %v; want free", in, err)
 	}
+}
+
+// dialForwarder connects to addr as a node's forwarder does: the
+// connection is marked (Client.Forwarding). It is closed when the test
+// ends.
+func dialForwarder(t *testing.T, ctx context.Context, addr string) *wire.Client {
+	t.Helper()
+	c, err := wire.Dial(ctx, addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { c.Close() })
+	if err := c.Forwarding(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return c
 }

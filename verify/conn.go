@@ -158,6 +158,15 @@ func (c *conn) do(ctx context.Context, once bool, fn func(*wire.Client) error) (
 	}
 }
 
+// lockInfo looks lock up, through failovers.
+func (c *conn) lockInfo(ctx context.Context, lock string) (in fencekv.LockInfo, err error) {
+	err = c.call(ctx, func(cl *wire.Client) error {
+		in, err = cl.LockInfo(ctx, lock)
+		return err
+	})
+	return in, err
+}
+
 // call runs an idempotent call (a read, or a write that may be repeated)
 // until it is answered.
 func (c *conn) call(ctx context.Context, fn func(*wire.Client) error) error {
@@ -187,12 +196,8 @@ func (c *conn) acquire(ctx context.Context, lock string, ttl time.Duration, o fe
 		if err == nil || !mine || !unknown && !errors.Is(err, fencekv.ErrLockHeld) {
 			return l, mine, err
 		}
-		var in fencekv.LockInfo
-		if err := c.call(ctx, func(cl *wire.Client) error {
-			var err error
-			in, err = cl.LockInfo(ctx, lock)
-			return err
-		}); err != nil {
+		in, err := c.lockInfo(ctx, lock)
+		if err != nil {
 			return l, mine, err
 		}
 		switch {

@@ -211,12 +211,8 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 	case !o.held && line == "refused "+string(fencekv.CodeStaleToken):
 	case o.held && line == "refused "+string(fencekv.CodeLeaseExpired):
 	case o.held && mayComeLate && strings.HasPrefix(line, "refused "+string(fencekv.CodeNotHolder)+" "):
-		var in fencekv.LockInfo
-		if err := c.call(ctx, func(cl *wire.Client) error {
-			var err error
-			in, err = cl.LockInfo(ctx, lock)
-			return err
-		}); err != nil {
+		in, err := c.lockInfo(ctx, lock)
+		if err != nil {
 			return o, err
 		}
 		// The refusal named the holder's token at the write, if the

@@ -226,12 +226,7 @@ func awaitExpiry(ctx context.Context, c *conn, lock string, ttl time.Duration) e
 	deadline := time.Now().Add(10*ttl + 5*time.Second)
 	poll := max(ttl/20, 5*time.Millisecond)
 	for {
-		var in fencekv.LockInfo
-		err := c.call(ctx, func(cl *wire.Client) error {
-			var err error
-			in, err = cl.LockInfo(ctx, lock)
-			return err
-		})
+		in, err := c.lockInfo(ctx, lock)
 		if err != nil {
 			return err
 		}

@@ -609,7 +609,8 @@ func (c *conn) writerStuck() bool {
 	if c.raw == nil {
 		return true
 	}
-	return c.raw.waiting.Load() && time.Since(time.Unix(0, c.raw.waitingSince.Load())) > stuckAfter
+	since := c.raw.waiting.Load()
+	return since != 0 && time.Since(time.Unix(0, since)) > stuckAfter
 }
 
 // stuckAfter is how long an event loop connection's writer waits for room
@@ -636,8 +637,7 @@ type rawConn struct {
 	fd            int
 	local, remote net.Addr
 	writable      chan struct{} // a token when epoll says the socket is writable, or hung up, while waiting
-	waiting       atomic.Bool   // a writer waits for room: epoll's writable events go to writable
-	waitingSince  atomic.Int64  // when it began to (UnixNano)
+	waiting       atomic.Int64  // nonzero while a writer waits for room (since when, UnixNano): epoll's writable events go to writable
 	iov           []syscall.Iovec
 
 	mu     sync.Mutex // guards closed: Close and closeFD
@@ -675,7 +675,7 @@ func newRawConn(tc *net.TCPConn) (*rawConn, error) {
 // it. (Epoll reports the socket writable with nearly every read event:
 // passing each on cost a channel send per request.)
 func (r *rawConn) poke() {
-	if !r.waiting.Load() {
+	if r.waiting.Load() == 0 {
 		return
 	}
 	select {
@@ -738,12 +738,11 @@ func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time
 		if !block {
 			return off, errWouldBlock
 		}
-		if !r.waiting.Load() {
+		if r.waiting.Load() == 0 {
 			// From now on the loop passes writable events on; the
 			// socket may have become writable before: try again.
-			r.waitingSince.Store(time.Now().UnixNano())
-			r.waiting.Store(true)
-			defer r.waiting.Store(false)
+			r.waiting.Store(time.Now().UnixNano())
+			defer r.waiting.Store(0)
 			continue
 		}
 		if deadline.IsZero() {
