@@ -24,13 +24,13 @@ import (
 // unread in a node that was stopped or cut off while it led is not passed
 // on to the new leader when that node resumes, long after the node that
 // sent it answered its client.
-func route[T any](ctx context.Context, n *Node, write bool, local func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
+func route[T any](ctx context.Context, n *Node, write bool, local func(context.Context) (T, error), remote func(*wire.Client) (T, error)) (T, error) {
 	var zero T
-	began := time.Now() // the hold timeout counts from here, the remote's waits included
+	ctx = n.held(ctx) // one hold timeout for all the waits below, the remote's included
 	var deadline <-chan time.Time
 	moved := false // a not_leader was followed at once to the leader raft names now
 	for {
-		v, err := local()
+		v, err := local(ctx)
 		var fw errForward
 		if !errors.As(err, &fw) {
 			return v, err
@@ -63,7 +63,7 @@ func route[T any](ctx context.Context, n *Node, write bool, local func() (T, err
 		// died), or no longer leads: nothing was applied, so wait for a
 		// new leader and try again, as while there is none.
 		if deadline == nil {
-			t := time.NewTimer(max(n.cfg.HoldTimeout-time.Since(began), 0))
+			t := time.NewTimer(n.holdLeft(ctx))
 			defer t.Stop()
 			deadline = t.C
 		}
@@ -89,15 +89,15 @@ func notLeader(addr string) error {
 
 // read runs fn on this node's state once a read may be answered here
 // (linearizable, or stale if ctx allows), else forwards.
-func read[T any](ctx context.Context, n *Node, fn func() (T, error), remote func(*wire.Client) (T, error)) (T, error) {
-	return route(ctx, n, false, func() (T, error) {
+func read[T any](ctx context.Context, n *Node, fn func(context.Context) (T, error), remote func(*wire.Client) (T, error)) (T, error) {
+	return route(ctx, n, false, func(ctx context.Context) (T, error) {
 		if !fencekv.StaleReads(ctx) {
 			if err := n.readIndex(ctx); err != nil {
 				var zero T
 				return zero, err
 			}
 		}
-		return fn()
+		return fn(ctx)
 	}, remote)
 }
 
@@ -106,7 +106,7 @@ func (n *Node) write(ctx context.Context, c fencekv.Command, w fencekv.WriteOpti
 		return fencekv.Result{}, err
 	}
 	c.Write.Token, c.Write.Strict, c.Lock = w.Token, w.Strict, w.Lock
-	r, err := route(ctx, n, true, func() (fencekv.Result, error) { return n.propose(ctx, c) }, remote)
+	r, err := route(ctx, n, true, func(ctx context.Context) (fencekv.Result, error) { return n.propose(ctx, c) }, remote)
 	if err == nil {
 		err = r.Err
 	}
@@ -187,7 +187,7 @@ func (n *Node) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
 	if err := n.opts.CheckKey(key); err != nil {
 		return fencekv.Entry{}, err
 	}
-	return read(ctx, n, func() (fencekv.Entry, error) { return n.m.Get(key) },
+	return read(ctx, n, func(context.Context) (fencekv.Entry, error) { return n.m.Get(key) },
 		func(c *wire.Client) (fencekv.Entry, error) { return c.Get(ctx, key) })
 }
 
@@ -202,7 +202,7 @@ func (n *Node) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Entry
 	if err != nil {
 		return nil, false, err
 	}
-	p, err := read(ctx, n, func() (page[fencekv.Entry], error) {
+	p, err := read(ctx, n, func(context.Context) (page[fencekv.Entry], error) {
 		items, more, err := n.m.Scan(o, limit, n.opts.MaxScanBytes)
 		return page[fencekv.Entry]{items, more}, err
 	}, func(c *wire.Client) (page[fencekv.Entry], error) {
@@ -217,7 +217,7 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 	if err := n.opts.CheckName(name); err != nil {
 		return fencekv.LockInfo{}, err
 	}
-	return read(ctx, n, func() (fencekv.LockInfo, error) {
+	return read(ctx, n, func(ctx context.Context) (fencekv.LockInfo, error) {
 		info := func() (fencekv.LockInfo, error) { return n.m.LockInfo(n.now(), name) }
 		if fencekv.StaleReads(ctx) {
 			return info()
@@ -245,7 +245,7 @@ func (n *Node) Locks(ctx context.Context, prefix, start string, limit int) ([]fe
 	if err != nil {
 		return nil, false, err
 	}
-	p, err := read(ctx, n, func() (page[fencekv.LockInfo], error) {
+	p, err := read(ctx, n, func(ctx context.Context) (page[fencekv.LockInfo], error) {
 		list := func() (page[fencekv.LockInfo], error) {
 			items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
 			return page[fencekv.LockInfo]{items, more}, err
@@ -273,7 +273,7 @@ func (n *Node) Acquire(ctx context.Context, name string, ttl time.Duration, o *f
 	if err := n.opts.CheckAcquire(name, ttl, ao); err != nil {
 		return fencekv.Lease{}, err
 	}
-	return route(ctx, n, true, func() (fencekv.Lease, error) { return n.acquire(ctx, name, ttl, ao) },
+	return route(ctx, n, true, func(ctx context.Context) (fencekv.Lease, error) { return n.acquire(ctx, name, ttl, ao) },
 		func(c *wire.Client) (fencekv.Lease, error) { return c.Acquire(ctx, name, ttl, &ao) })
 }
 
@@ -348,7 +348,7 @@ func (n *Node) Renew(ctx context.Context, name string, token fencekv.Token) (tim
 		return 0, err
 	}
 	c := fencekv.Command{Op: fencekv.OpRenew, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
-	return route(ctx, n, true, func() (time.Duration, error) {
+	return route(ctx, n, true, func(ctx context.Context) (time.Duration, error) {
 		r, err := n.propose(ctx, c)
 		if err == nil {
 			err = r.Err
@@ -363,7 +363,7 @@ func (n *Node) Release(ctx context.Context, name string, token fencekv.Token) er
 		return err
 	}
 	c := fencekv.Command{Op: fencekv.OpRelease, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
-	_, err := route(ctx, n, true, func() (struct{}, error) {
+	_, err := route(ctx, n, true, func(ctx context.Context) (struct{}, error) {
 		r, err := n.release(ctx, c)
 		if err == nil {
 			err = r.Err
@@ -400,7 +400,7 @@ func (n *Node) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencek
 	}
 	c := fencekv.Command{Op: fencekv.OpTxn, Compares: compares, Ops: ops, Lock: w.Lock}
 	c.Write.Token, c.Write.Strict = w.Token, w.Strict
-	r, err := route(ctx, n, true, func() (fencekv.Result, error) { return n.propose(ctx, c) },
+	r, err := route(ctx, n, true, func(ctx context.Context) (fencekv.Result, error) { return n.propose(ctx, c) },
 		func(cl *wire.Client) (fencekv.Result, error) {
 			_, rs, err := cl.Txn(ctx, compares, ops, w)
 			return fencekv.Result{Txn: rs}, err

@@ -205,9 +205,34 @@ type errForward struct{ addr string }
 
 func (e errForward) Error() string { return "forward to " + e.addr }
 
+// holdKey is the context key of the time a request stops waiting for a
+// leader (see held).
+type holdKey struct{}
+
+// held returns ctx with the time its request stops waiting for a leader:
+// HoldTimeout from now, unless ctx has that time already. route sets it as
+// a request reaches the node, so that all the request's waits together
+// (for a leader, for a read's confirmation, between forwarding attempts)
+// take at most HoldTimeout, not HoldTimeout each.
+func (n *Node) held(ctx context.Context) context.Context {
+	if _, ok := ctx.Value(holdKey{}).(time.Time); ok {
+		return ctx
+	}
+	return context.WithValue(ctx, holdKey{}, time.Now().Add(n.cfg.HoldTimeout))
+}
+
+// holdLeft is how long ctx's request may still wait for a leader:
+// HoldTimeout if it has no hold time (held).
+func (n *Node) holdLeft(ctx context.Context) time.Duration {
+	if t, ok := ctx.Value(holdKey{}).(time.Time); ok {
+		return max(time.Until(t), 0)
+	}
+	return n.cfg.HoldTimeout
+}
+
 // awaitReady returns this node's term once it is a ready leader, or
-// errForward when another node leads, waiting up to HoldTimeout (and
-// within ctx) while there is no leader.
+// errForward when another node leads, waiting up to the request's hold
+// timeout (holdLeft, and within ctx) while there is no leader.
 func (n *Node) awaitReady(ctx context.Context) (uint64, error) {
 	var timer *time.Timer
 	for {
@@ -228,7 +253,7 @@ func (n *Node) awaitReady(ctx context.Context) (uint64, error) {
 			return 0, notLeader("")
 		}
 		if timer == nil {
-			timer = time.NewTimer(n.cfg.HoldTimeout)
+			timer = time.NewTimer(n.holdLeft(ctx))
 			defer timer.Stop()
 		}
 		select {

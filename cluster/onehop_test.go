@@ -126,7 +126,7 @@ func TestRouteAfterNotLeader(t *testing.T) {
 	}
 
 	stale := 0
-	l, err := route(ctx, f, true, func() (fencekv.Lease, error) {
+	l, err := route(ctx, f, true, func(ctx context.Context) (fencekv.Lease, error) {
 		if stale < 2 {
 			stale++
 			return fencekv.Lease{}, errForward{g.cfg.ClientAddr} // raft's view is behind: g does not lead
@@ -142,7 +142,7 @@ func TestRouteAfterNotLeader(t *testing.T) {
 	}
 
 	began := time.Now()
-	_, err = route(ctx, f, true, func() (fencekv.Lease, error) {
+	_, err = route(ctx, f, true, func(context.Context) (fencekv.Lease, error) {
 		return fencekv.Lease{}, errForward{g.cfg.ClientAddr}
 	}, func(c *wire.Client) (fencekv.Lease, error) {
 		return c.Acquire(ctx, "hop/never", time.Minute, nil)
@@ -173,4 +173,55 @@ func dialForwarder(t *testing.T, ctx context.Context, addr string) *wire.Client 
 		t.Fatal(err)
 	}
 	return c
+}
+
+// TestHoldTimeoutBoundsAllWaits: the hold timeout bounds all of a
+// request's waits for a leader together, counted from when it reached the
+// node. Each wait used to start a hold timeout of its own, so a request
+// that waited for a leader, was sent to one that could not be reached,
+// and waited again took up to twice the hold timeout (found in review).
+func TestHoldTimeoutBoundsAllWaits(t *testing.T) {
+	cfg := DefaultConfig()
+	cfg.Name = "alone"
+	cfg.Dir = t.TempDir()
+	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
+	cfg.BootstrapExpect = 3 // waits for two more that never come: no leader
+	cfg.HoldTimeout = 3 * time.Second
+	nd := serveNode(t, cfg)
+	gone := clustertest.FreeAddr(t) // nothing listens: a leader that cannot be reached
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+
+	began := time.Now()
+	tries := 0
+	_, err := route(ctx, nd, true, func(ctx context.Context) (fencekv.Lease, error) {
+		tries++
+		if tries == 1 {
+			// Wait for a leader for two thirds of the hold timeout,
+			// then take raft to name one that cannot be reached.
+			wctx, wcancel := context.WithTimeout(ctx, 2*cfg.HoldTimeout/3)
+			defer wcancel()
+			if _, err := nd.awaitReady(wctx); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("first wait for a leader = %v; want the test's own deadline", err)
+			}
+			return fencekv.Lease{}, errForward{gone}
+		}
+		_, err := nd.awaitReady(ctx)
+		return fencekv.Lease{}, err
+	}, func(c *wire.Client) (fencekv.Lease, error) {
+		t.Error("the unreachable leader was reached")
+		return fencekv.Lease{}, nil
+	})
+	d := time.Since(began)
+	var fe *fencekv.Error
+	if !errors.As(err, &fe) || fe.Code != fencekv.CodeUnavailable || fe.Outcome != "" {
+		t.Fatalf("route with no leader = %v; want unavailable, not applied", err)
+	}
+	if tries < 2 {
+		t.Fatalf("local tried %d times; want the wait after the unreachable leader too", tries)
+	}
+	// Before the fix: 2 s, then the second wait's own 3 s.
+	if d < cfg.HoldTimeout || d > cfg.HoldTimeout+time.Second {
+		t.Errorf("answered after %v; want the hold timeout (%v), all waits together", d, cfg.HoldTimeout)
+	}
 }

@@ -287,7 +287,7 @@ func (n *Node) readIndex(ctx context.Context) error {
 			return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "leadership not confirmed: " + err.Error()}
 		}
 		if deadline == nil {
-			t := time.NewTimer(n.cfg.HoldTimeout)
+			t := time.NewTimer(n.holdLeft(ctx))
 			defer t.Stop()
 			deadline = t.C
 		}
@@ -305,7 +305,7 @@ func (n *Node) readIndex(ctx context.Context) error {
 
 // awaitApplied waits until this node has applied index.
 func (n *Node) awaitApplied(ctx context.Context, index uint64) error {
-	timer := time.NewTimer(n.cfg.HoldTimeout)
+	timer := time.NewTimer(n.holdLeft(ctx))
 	defer timer.Stop()
 	for {
 		applied, change := n.fsm.appliedIndex()
