@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -917,5 +918,48 @@ func TestMassExpiryInFewEntries(t *testing.T) {
 	t.Logf("%d leases expired in %d log entries", n, entries)
 	if entries > n/10 {
 		t.Fatalf("%d leases that ran out together took %d log entries to expire; want them batched", n, entries)
+	}
+}
+
+// TestCLIPassesOverPausedNode: the README's failover walk-through with
+// Ctrl-Z. A node paused (SIGSTOP) first in --addr still has its
+// connections accepted by the kernel, but answers nothing; the CLI must go
+// on to the next address, not wait there until its --timeout (it did: a
+// user found every command failing while the other two nodes served).
+// Both a paused leader and a paused follower.
+func TestCLIPassesOverPausedNode(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	leader := c.Leader(t)
+	for round, paused := range []*clustertest.Node{c.Others(leader)[0], leader} {
+		addrs := []string{paused.Client}
+		for _, nd := range c.Others(paused) {
+			addrs = append(addrs, nd.Client)
+		}
+		c.Pause(paused)
+		cli := func(args ...string) (string, error) {
+			args = append(args, "--addr", strings.Join(addrs, ","), "--timeout", "20s")
+			cmd := exec.Command(bin(t), args...)
+			for _, kv := range os.Environ() {
+				if !strings.HasPrefix(kv, "FENCEKV_") {
+					cmd.Env = append(cmd.Env, kv)
+				}
+			}
+			out, err := cmd.CombinedOutput()
+			return string(out), err
+		}
+		value := fmt.Sprintf("v%d", round)
+		// The first put may meet the election the pause starts.
+		eventually(t, "put through --addr with "+paused.Name+" paused first", 60*time.Second, func() error {
+			out, err := cli("put", "walk", value)
+			if err != nil {
+				return fmt.Errorf("%v: %s", err, out)
+			}
+			return nil
+		})
+		out, err := cli("get", "walk")
+		if err != nil || strings.TrimSpace(out) != value {
+			t.Fatalf("get with %s paused first in --addr: %q, %v; want %q", paused.Name, out, err, value)
+		}
+		c.Resume(paused)
 	}
 }

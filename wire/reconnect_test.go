@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"path/filepath"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -335,6 +336,37 @@ func TestDialCluster(t *testing.T) {
 	}
 	if _, err := wire.DialCluster(ctx, nil, nil); err == nil {
 		t.Fatal("DialCluster with no address succeeded")
+	}
+}
+
+// TestDialClusterPassesOverSilentNode: a node whose kernel accepts
+// connections but which answers nothing (stopped with SIGSTOP, hung) is
+// left for the next address within the dial timeout, with and without
+// credentials: the client used to settle on it, and every call waited
+// there until its deadline.
+func TestDialClusterPassesOverSilentNode(t *testing.T) {
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // never accepts: the kernel still completes the handshakes
+	ok(t, err)
+	t.Cleanup(func() { silent.Close() })
+	for _, o := range []*wire.DialOptions{
+		{DialTimeout: 300 * time.Millisecond},
+		{DialTimeout: 300 * time.Millisecond, User: "deploy", Secret: []byte("deploy-secret")},
+	} {
+		ts := startServer(t, func(_ *fencekv.Options, cfg *wire.Config) {
+			if o.User != "" {
+				cfg.Auth = wireAuth{authFile(t, filepath.Join(t.TempDir(), "auth"), map[string]string{"deploy": "read: write: lock:"})}
+			}
+		})
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		c, err := wire.DialCluster(ctx, []string{silent.Addr().String(), ts.Addr}, o)
+		ok(t, err)
+		if c.Addr() != ts.Addr {
+			t.Errorf("user %q: connected to %s; want the node that answers, %s", o.User, c.Addr(), ts.Addr)
+		}
+		_, err = c.Put(ctx, b("k"), b("v"), fencekv.WriteOptions{})
+		ok(t, err)
+		c.Close()
+		cancel()
 	}
 }
 
