@@ -56,10 +56,37 @@ func withClient(c *cli.Context, extra time.Duration, fn func(ctx context.Context
 		err = closedHint(err, do)
 	}
 	if errors.Is(err, context.DeadlineExceeded) {
-		return fmt.Errorf("no answer from %s within %v (--timeout): %w", c.String("addr"), c.Duration("timeout")+extra, context.DeadlineExceeded)
+		te := timeoutError{fmt.Errorf("no answer from %s within %v (--timeout): %w", c.String("addr"), c.Duration("timeout")+extra, context.DeadlineExceeded), ""}
+		if changes[c.Command.Name] {
+			te.outcome = fencekv.OutcomeUnknown
+		}
+		return te
 	}
 	return err
 }
+
+// changes are the client commands that change state: one that was sent
+// and not answered in time may still be applied.
+var changes = map[string]bool{"put": true, "del": true, "cas": true, "incr": true, "txn": true,
+	"acquire": true, "renew": true, "release": true}
+
+// timeoutError is a command that got no answer within --timeout. outcome
+// is fencekv.OutcomeUnknown for a command that changes state: it may have
+// been sent, and may still be applied (on a cluster, even after a node
+// that was stopped resumes).
+type timeoutError struct {
+	err     error
+	outcome string
+}
+
+func (e timeoutError) Error() string {
+	if e.outcome == fencekv.OutcomeUnknown {
+		return e.err.Error() + " (it may still be applied: read before retrying)"
+	}
+	return e.err.Error()
+}
+
+func (e timeoutError) Unwrap() error { return e.err }
 
 // dialError explains a failed dial: a refusal of the credentials keeps
 // its code (and exit status); anything else is a server not reached.

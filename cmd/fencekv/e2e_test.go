@@ -876,3 +876,96 @@ func TestWatchCLI(t *testing.T) {
 		t.Fatalf("events %v; want %s", types, want)
 	}
 }
+
+// TestRefusalsCommand: `fencekv refusals` shows every refusal the server
+// keeps, oldest first, over as many pages as it takes, and --follow goes on
+// with new ones without skipping any. It used to print only the first page
+// of 1000, and --follow skipped from there to the server's latest.
+func TestRefusalsCommand(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	sh := s.shell(t)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cl, err := wire.Dial(ctx, s.addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cl.Close()
+	if _, err := cl.Put(ctx, []byte("k"), []byte("v"), fencekv.WriteOptions{Token: 5}); err != nil {
+		t.Fatal(err)
+	}
+	refuse := func(n int) {
+		for range n {
+			if _, err := cl.Put(ctx, []byte("k"), []byte("stale"), fencekv.WriteOptions{Token: 1}); !errors.Is(err, fencekv.ErrStaleToken) {
+				t.Fatalf("put with token 1 below fence 5 = %v; want stale_token", err)
+			}
+		}
+	}
+	refuse(1005)
+	seqs := func(out string) []int {
+		var got []int
+		for _, line := range strings.Split(strings.TrimSpace(out), "\n") {
+			var m struct{ Seq int }
+			if err := json.Unmarshal([]byte(line), &m); err != nil {
+				t.Fatalf("a line of refusals --json is not a JSON object: %v: %q", err, line)
+			}
+			got = append(got, m.Seq)
+		}
+		return got
+	}
+	inOrder := func(what string, got []int, from, to int) {
+		t.Helper()
+		if len(got) != to-from+1 || got[0] != from || got[len(got)-1] != to {
+			t.Fatalf("%s: %d refusals, %v ... ; want #%d to #%d", what, len(got), got[:min(3, len(got))], from, to)
+		}
+		for i := range got {
+			if got[i] != from+i {
+				t.Fatalf("%s: refusal %d is #%d; want #%d", what, i, got[i], from+i)
+			}
+		}
+	}
+	text := strings.Split(strings.TrimSpace(sh.ok("refusals")), "\n")
+	if len(text) != 1005 || !strings.Contains(text[1004], "#1005 stale_token") {
+		t.Fatalf("refusals printed %d lines, the last %q; want 1005, the last #1005", len(text), text[len(text)-1])
+	}
+	inOrder("refusals --json", seqs(sh.ok("refusals", "--json")), 1, 1005)
+	inOrder("refusals --since 1000", seqs(sh.ok("refusals", "--since", "1000", "--json")), 1001, 1005)
+
+	p := sh.start("refusals", "--follow", "--json")
+	lines := func() int { return strings.Count(p.stdout.String(), "\n") }
+	waitFor(t, 30*time.Second, "--follow to print the 1005 kept", func() bool { return lines() >= 1005 })
+	refuse(2)
+	waitFor(t, 30*time.Second, "--follow to print the 2 new ones", func() bool { return lines() >= 1007 })
+	if err := syscall.Kill(p.cmd.Process.Pid, syscall.SIGINT); err != nil {
+		t.Fatal(err)
+	}
+	r := p.wait(t, 30*time.Second)
+	inOrder("refusals --follow --json", seqs(r.stdout), 1, 1007)
+}
+
+// TestTimeoutOutcome: a command that changes state and gets no answer
+// within --timeout may still be applied, and says so ("outcome":
+// "unknown"); a read that times out does not. Here the server is stopped
+// (SIGSTOP) with the put unread, and applies it when it resumes.
+func TestTimeoutOutcome(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	sh := s.shell(t)
+	s.signal(t, syscall.SIGSTOP)
+	put := decodeJSON(t, sh.fails(1, "put", "late", "v", "--timeout", "500ms", "--json").stdout)
+	wantFields(t, put, map[string]any{"error": "timeout", "outcome": "unknown"})
+	text := sh.fails(1, "put", "late", "v2", "--timeout", "500ms")
+	wantContains(t, "a put's timeout", text.stderr, "it may still be applied")
+	get := decodeJSON(t, sh.fails(1, "get", "late", "--timeout", "500ms", "--json").stdout)
+	wantFields(t, get, map[string]any{"error": "timeout"})
+	if _, ok := get["outcome"]; ok {
+		t.Errorf("a get's timeout has an outcome: %v", get)
+	}
+	s.signal(t, syscall.SIGCONT)
+	// What the user was told to expect: the write may land after all.
+	// (Their order is the server's: they came on two connections.)
+	waitFor(t, 10*time.Second, "the timed-out puts to be applied", func() bool {
+		r := sh.run("get", "late")
+		v := strings.TrimSpace(r.stdout)
+		return r.code == 0 && (v == "v" || v == "v2")
+	})
+}

@@ -39,7 +39,7 @@ func setText(m map[string]any, field string, b []byte) map[string]any {
 const (
 	errUsage       = "usage"       // a mistake on the command line
 	errUnavailable = "unavailable" // no connection, or it broke (outcome "unknown": a write may have been applied)
-	errTimeout     = "timeout"     // no answer within --timeout
+	errTimeout     = "timeout"     // no answer within --timeout (outcome "unknown" for a command that changes state)
 	errLeaseLost   = "lease_lost"  // run-locked: the lease may have been lost
 	errSignalled   = "signalled"   // run-locked: a signal ended the wait for the lock
 	errOther       = "error"       // anything else (a local file, a broken data dir, ...)
@@ -70,7 +70,7 @@ func errorJSON(err error) map[string]any {
 			out["token"] = fe.Token
 		case fencekv.CodeLockHeld:
 			out["holder"], out["token"], out["retry_ms"] = fe.Holder, fe.Token, fe.RetryAfter.Milliseconds()
-		case fencekv.CodeCompareFailed:
+		case fencekv.CodeCompareFailed, fencekv.CodeCompacted:
 			out["revision"] = fe.Revision
 		}
 		if fe.Key != "" {
@@ -91,6 +91,10 @@ func errorJSON(err error) map[string]any {
 		out["error"] = errUnavailable // no connection: nothing was sent
 	case errors.Is(err, context.DeadlineExceeded):
 		out["error"] = errTimeout
+		var te timeoutError
+		if errors.As(err, &te) && te.outcome != "" {
+			out["outcome"] = te.outcome
+		}
 	}
 	return out
 }

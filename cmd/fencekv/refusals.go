@@ -31,9 +31,14 @@ Example:
 		}),
 		Action: func(c *cli.Context) error {
 			since := c.Uint64("since")
+			follow := c.Bool("follow")
 			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
+				if follow {
+					ctx = c.Context // runs until interrupted
+				}
+				shown := 0
 				for {
-					rs, last, err := cl.Refusals(c.Context, since, 1000)
+					rs, last, err := cl.Refusals(ctx, since, refusalsPage)
 					if err != nil {
 						return refused(c, err)
 					}
@@ -42,15 +47,22 @@ Example:
 							return err
 						}
 					}
-					since = max(since, last)
-					if !c.Bool("follow") {
-						if len(rs) == 0 && !c.Bool("json") {
+					shown += len(rs)
+					if len(rs) > 0 {
+						// Page on from the last one shown: last is the
+						// server's latest, which may be far past it.
+						since = rs[len(rs)-1].Seq
+					} else {
+						since = max(since, last)
+					}
+					if len(rs) == refusalsPage {
+						continue
+					}
+					if !follow {
+						if shown == 0 && !c.Bool("json") {
 							fmt.Fprintln(c.App.ErrWriter, "no refusals")
 						}
 						return nil
-					}
-					if len(rs) == 1000 {
-						continue
 					}
 					select {
 					case <-c.Context.Done():
@@ -62,6 +74,9 @@ Example:
 		},
 	}
 }
+
+// refusalsPage is how many refusals the command asks for at a time.
+const refusalsPage = 1000
 
 func showRefusal(c *cli.Context, r fencekv.Refusal) error {
 	var b strings.Builder
