@@ -90,6 +90,9 @@ func (l *RefusalLog) Note(ctx context.Context, c *Command, err error, grants fun
 		Token:  c.Write.Token,
 		Client: ClientAddr(ctx),
 	}
+	if len(r.Key) == 0 && e.Key != "" {
+		r.Key = []byte(e.Key) // a txn: the key whose fence refused it
+	}
 	switch e.Code {
 	case CodeStaleToken:
 		r.Fence = e.Fence

@@ -70,21 +70,30 @@ func TestRefusalLog(t *testing.T) {
 	if rs[1].Holder != b.Token {
 		t.Errorf("not_holder while B holds the lock: holder token %d; want B's %d", rs[1].Holder, b.Token)
 	}
-	// Paging: after seq 2, only the third.
-	if rs, _, _ := db.Refusals(ctx, 2, 0); len(rs) != 1 || rs[0].Seq != 3 {
-		t.Errorf("Refusals(since 2) = %+v; want seq 3 only", rs)
+	// A txn refused for one of its keys' fences names that key.
+	ops := []fencekv.TxnOp{{Op: fencekv.OpPut, Key: []byte("inventory/sku-9"), Value: []byte("1")},
+		{Op: fencekv.OpPut, Key: []byte("inventory/sku-1"), Value: []byte("1")}}
+	if _, _, err := db.Txn(ctx, nil, ops, fencekv.WriteOptions{Token: a.Token}); err == nil {
+		t.Fatal("a txn with A's token below sku-1's fence was applied")
+	}
+	if rs, _, _ := db.Refusals(ctx, 3, 0); len(rs) != 1 || rs[0].Op != "txn" || string(rs[0].Key) != "inventory/sku-1" || rs[0].Fence != b.Token {
+		t.Errorf("the txn's refusal = %+v; want op txn on inventory/sku-1, fence %d", rs, b.Token)
+	}
+	// Paging: after seq 2, only the third (and the txn's).
+	if rs, _, _ := db.Refusals(ctx, 2, 1); len(rs) != 1 || rs[0].Seq != 3 {
+		t.Errorf("Refusals(since 2, limit 1) = %+v; want seq 3 only", rs)
 	}
 	// Bounded: the log keeps the latest MaxRefusals.
 	for i := range 10 {
 		db.Put(ctx, []byte(fmt.Sprint("k", i)), nil, fencekv.WriteOptions{Token: a.Token, Lock: "other"})
 	}
 	rs, last, _ = db.Refusals(ctx, 0, 0)
-	if len(rs) != 4 || last != 13 || rs[0].Seq != 10 {
-		t.Fatalf("after 13 refusals with room for 4: %d kept, first %d, last %d; want 4 kept, 10..13", len(rs), rs[0].Seq, last)
+	if len(rs) != 4 || last != 14 || rs[0].Seq != 11 {
+		t.Fatalf("after 14 refusals with room for 4: %d kept, first %d, last %d; want 4 kept, 11..14", len(rs), rs[0].Seq, last)
 	}
 	// Refusals that are not fencing's are not logged.
 	db.CAS(ctx, []byte("inventory/sku-1"), 99, nil, fencekv.WriteOptions{Token: b.Token})
-	if _, l, _ := db.Refusals(ctx, 0, 0); l != 13 {
+	if _, l, _ := db.Refusals(ctx, 0, 0); l != 14 {
 		t.Errorf("a compare_failed was logged as a fencing refusal")
 	}
 }

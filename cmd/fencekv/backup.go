@@ -118,13 +118,16 @@ Examples:
   fencekv restore /backups/fencekv-2025-01-31.fkvb --data /var/lib/fencekv
   fencekv restore backup.fkvb --data ./n0 && fencekv serve --node n0 --data ./n0 ... --bootstrap-expect 1`,
 		Flags: []cli.Flag{
-			&cli.StringFlag{Name: "data", Required: true, EnvVars: []string{"FENCEKV_DATA"}, Usage: "data `DIR` to build (new or empty)"},
+			&cli.StringFlag{Name: "data", EnvVars: []string{"FENCEKV_DATA"}, Usage: "data `DIR` to build (new or empty; required)"},
 			&cli.Uint64Flag{Name: "token-gap", Value: fencekv.DefaultTokenGap, Usage: "move the token sequence this far past the backup's last token"},
 			&cli.BoolFlag{Name: "json", Usage: "print the result as JSON, for scripts"},
 		},
 		Action: func(c *cli.Context) error {
 			if c.NArg() != 1 {
 				return usagef("restore takes one FILE, got %q (see 'fencekv restore --help')", c.Args().Slice())
+			}
+			if c.String("data") == "" {
+				return usagef("restore needs --data DIR, the data dir to build (see 'fencekv restore --help')")
 			}
 			if c.Uint64("token-gap") == 0 {
 				return usagef("--token-gap must be positive")

@@ -621,6 +621,7 @@ func TestUsageErrors(t *testing.T) {
 		{"run-locked"},
 		{"run-locked", "name"},
 		{"serve", "extra"},
+		{"restore", "backup.fkvb"}, // no --data
 	} {
 		r := c.run(args...)
 		if r.code != exitUsage {
