@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -94,6 +95,10 @@ func dialError(err error) error {
 	var fe *fencekv.Error
 	if errors.As(err, &fe) {
 		return err
+	}
+	var ve *tls.CertificateVerificationError
+	if errors.As(err, &ve) {
+		return fmt.Errorf("%w (the server's certificate was not accepted: set --tls-ca to the CA that issued it, or --tls-server-name to the name it was issued for)", err)
 	}
 	return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
 }

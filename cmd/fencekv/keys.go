@@ -149,7 +149,7 @@ func casCommand() *cli.Command {
 		Name:      "cas",
 		Usage:     "write a value if the key is at a revision (0: absent)",
 		ArgsUsage: "KEY REVISION VALUE|-",
-		UsageText: "fencekv cas KEY REVISION VALUE [--token N] [--lock NAME]\n\nExample: fencekv cas config/mode 0 blue    # create only if absent",
+		UsageText: "fencekv cas KEY REVISION VALUE [--token N] [--strict] [--lock NAME]\n\nExample: fencekv cas config/mode 0 blue    # create only if absent",
 		Flags:     flags(clientFlags(), writeFlags()),
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 3, 3); err != nil {
@@ -180,7 +180,7 @@ func incrCommand() *cli.Command {
 		Name:      "incr",
 		Usage:     "add to an integer value (a missing key counts as 0)",
 		ArgsUsage: "KEY [DELTA]",
-		UsageText: "fencekv incr KEY [DELTA] [--token N] [--lock NAME]\n\nDELTA defaults to 1 and may be negative: fencekv incr stock -5",
+		UsageText: "fencekv incr KEY [DELTA] [--token N] [--strict] [--lock NAME]\n\nDELTA defaults to 1 and may be negative: fencekv incr stock -5",
 		Flags:     flags(clientFlags(), writeFlags()),
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 1, 2); err != nil {

@@ -17,8 +17,10 @@ import (
 	"log/slog"
 	"os"
 	"os/signal"
+	"strings"
 	"sync/atomic"
 	"syscall"
+	"unicode"
 
 	"github.com/fencekv/fencekv/auth"
 	"github.com/fencekv/fencekv/cluster"
@@ -307,6 +309,9 @@ func (s *serverSecurity) checkNodePrincipal(f *auth.File) error {
 		return errors.New("a cluster node with --auth-file needs --tls-cert and --tls-key: nodes forward requests to the leader authenticated by their certificates")
 	}
 	cn := s.certs.leaf().Subject.CommonName
+	if cn == "" || strings.ContainsFunc(cn, unicode.IsSpace) {
+		return fmt.Errorf("this node's certificate has the common name %q, which cannot be a principal of the auth file (a name is one word): give the node a certificate of its own, named for it (for example /CN=n0; see the README's TLS section)", cn)
+	}
 	p := f.Lookup(cn)
 	if p == nil || !p.Admin() || !p.CanRead(nil) || !p.CanWrite(nil) || !p.CanLock("") {
 		return fmt.Errorf("the auth file must give this node's certificate (common name %q) every right, as the leader checks the requests it forwards: add the line\n  %s - read: write: lock: admin", cn, cn)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
+	"encoding/base64"
 	"errors"
 	"os"
 	"path/filepath"
@@ -96,6 +97,10 @@ func TestServeTLSAndAuth(t *testing.T) {
 	waitFor(t, 5*time.Second, "the server's refusal line", func() bool {
 		return strings.Contains(s.log.String(), "TLS handshake failed") && strings.Contains(s.log.String(), "does not look like a TLS handshake")
 	})
+	// A client that does not trust the server's certificate is told how
+	// to make it, not asked whether a server runs there.
+	r = s.shell(t).fails(exitError, "ping", "--tls")
+	wantContains(t, "untrusting client's error", r.stderr, "set --tls-ca")
 	// A client certificate from another CA: refused.
 	asIntruder := s.shell(t, "FENCEKV_TLS_CA="+f.ca, "FENCEKV_TLS_CERT="+f.intruderCert, "FENCEKV_TLS_KEY="+f.intrKey)
 	asIntruder.fails(exitError, "put", "deploy/x", "1")
@@ -239,6 +244,10 @@ func TestServeSecurityUsage(t *testing.T) {
 	t.Parallel()
 	f := makeSecureFiles(t)
 	dir := t.TempDir()
+	ca := fencekvtest.NewCA(t, "spaced CA")
+	spacedCA := ca.WriteFile(t, dir, "spaced-ca.crt")
+	spacedCert, spacedKey := ca.Issue(t, "fencekv server", nil).WriteFiles(t, dir, "spaced")
+	key := base64.StdEncoding.EncodeToString(make([]byte, 32))
 	for _, c := range []struct {
 		args []string
 		want string
@@ -251,6 +260,13 @@ func TestServeSecurityUsage(t *testing.T) {
 		{[]string{"--node", "n0", "--raft", "127.0.0.1:1", "--gossip", "127.0.0.1:2", "--tls-cert", f.serverCert, "--tls-key", f.serverKey, "--tls-client-ca", f.ca}, "needs --gossip-key"},
 		{[]string{"--node", "n0", "--raft", "127.0.0.1:1", "--gossip", "127.0.0.1:2", "--gossip-key", "c2hvcnQ="}, "16, 24 or 32"},
 		{[]string{"--node", "n0", "--raft", "127.0.0.1:1", "--gossip", "127.0.0.1:2", "--auth-file", f.authFile}, "needs --tls-cert"},
+		// A node's certificate must be a principal with every right.
+		{[]string{"--node", "n0", "--raft", "127.0.0.1:1", "--gossip", "127.0.0.1:2", "--gossip-key", key, "--auth-file", f.authFile,
+			"--tls-cert", f.serverCert, "--tls-key", f.serverKey, "--tls-client-ca", f.ca}, "add the line\n  server - read: write: lock: admin"},
+		// ... and so one word: the README's single-server example
+		// certificate once got a hint no auth file can follow.
+		{[]string{"--node", "n0", "--raft", "127.0.0.1:1", "--gossip", "127.0.0.1:2", "--gossip-key", key, "--auth-file", f.authFile,
+			"--tls-cert", spacedCert, "--tls-key", spacedKey, "--tls-client-ca", spacedCA}, `common name "fencekv server", which cannot be a principal`},
 	} {
 		r := (&shell{t: t}).fails(exitUsage, append([]string{"serve", "--data", filepath.Join(dir, "d"), "--listen", "127.0.0.1:0"}, c.args...)...)
 		wantContains(t, strings.Join(c.args, " "), r.stderr, c.want)

@@ -43,7 +43,7 @@ Example:
 			&cli.IntFlag{Name: "max-value-size", Value: d.MaxValueSize, EnvVars: env("MAX_VALUE_SIZE"), Usage: "largest value in bytes"},
 			&cli.IntFlag{Name: "max-conns", Value: w.MaxConns, EnvVars: env("MAX_CONNS"), Usage: "most client connections at once"},
 			&cli.IntFlag{Name: "max-in-flight", Value: w.MaxInFlight, EnvVars: env("MAX_IN_FLIGHT"), Usage: "most pending requests per connection"},
-			&cli.IntFlag{Name: "max-pending-bytes", Value: w.MaxPendingBytes, EnvVars: env("MAX_PENDING_BYTES"), Usage: "unsent answers per connection, in bytes, past which its requests are not read until the client reads"},
+			&cli.IntFlag{Name: "max-pending-bytes", Value: w.MaxPendingBytes, EnvVars: env("MAX_PENDING_BYTES"), Usage: "bytes per connection of unsent answers and of the values of its writes in flight, past which its requests are not read until the client reads its answers or the writes are applied"},
 			&cli.IntFlag{Name: "max-watches", Value: w.MaxWatches, EnvVars: env("MAX_WATCHES"), Usage: "most watches per connection"},
 			&cli.IntFlag{Name: "max-watchers", Value: d.MaxWatchers, EnvVars: env("MAX_WATCHERS"), Usage: "most watches at once, store-wide"},
 			&cli.BoolFlag{Name: "event-loop", Value: w.EventLoop, EnvVars: env("EVENT_LOOP"), Usage: "serve plain TCP connections of a single node from one epoll event loop (Linux); false: a goroutine per connection"},
