@@ -64,8 +64,8 @@ Example:
 			&cli.StringFlag{Name: "cpu-profile", Usage: "write a CPU profile of the load generator to `FILE` (for performance work on the client)"},
 		}, clientSecurityFlags()...), // security.go
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usagef("bench takes no arguments, got %q", c.Args().Slice())
+			if err := noArgs(c); err != nil {
+				return err
 			}
 			wl, err := bench.ParseWorkload(c.String("workload"))
 			if err != nil {

@@ -38,8 +38,8 @@ Examples:
 			&cli.BoolFlag{Name: "json", Usage: "print the report as JSON, for scripts"},
 		},
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usagef("check takes no arguments, got %q (see 'fencekv check --help')", c.Args().Slice())
+			if err := noArgs(c); err != nil {
+				return err
 			}
 			rep, err := fencekv.Check(c.String("data"))
 			if err != nil {

@@ -184,10 +184,15 @@ func statusCommand() *cli.Command {
 				if st.Checkpoints > 0 {
 					ckpt = st.CheckpointTime / time.Duration(st.Checkpoints)
 				}
-				human := fmt.Sprintf("version     %s\nlast token  %d\nrevision    %d\nkeys        %d\nlocks held  %d\nwaiters     %d\n"+
-					"commits     %d (%.1f commands and %v of log sync each)\ncheckpoints %d (%v each)\ndata size   %d bytes",
-					st.Version, st.LastToken, st.Revision, st.Keys, st.Locks, st.Waiters,
-					st.Commits, per, sync.Round(time.Microsecond), st.Checkpoints, ckpt.Round(time.Microsecond), st.DataSize)
+				human := fmt.Sprintf("version     %s\nlast token  %d\nrevision    %d\nkeys        %d\nlocks held  %d\nwaiters     %d\n",
+					st.Version, st.LastToken, st.Revision, st.Keys, st.Locks, st.Waiters)
+				if st.Commits > 0 || st.Role == "single" || st.Role == "" {
+					// A cluster node's commits are raft's (its metrics): a
+					// single node's own write-ahead log's counters only.
+					human += fmt.Sprintf("commits     %d (%.1f commands and %v of log sync each)\ncheckpoints %d (%v each)\n",
+						st.Commits, per, sync.Round(time.Microsecond), st.Checkpoints, ckpt.Round(time.Microsecond))
+				}
+				human += fmt.Sprintf("data size   %d bytes", st.DataSize)
 				out := map[string]any{
 					"version": st.Version, "last_token": st.LastToken, "revision": st.Revision, "keys": st.Keys,
 					"locks": st.Locks, "waiters": st.Waiters, "commits": st.Commits, "commands": st.Commands, "data_size": st.DataSize,
@@ -207,6 +212,11 @@ func statusCommand() *cli.Command {
 }
 
 func versionString() string { return fencekv.Version }
+
+// --version prints what the version command prints.
+func init() {
+	cli.VersionPrinter = func(c *cli.Context) { fmt.Fprintf(c.App.Writer, "fencekv %s\n", c.App.Version) }
+}
 
 func versionCommand() *cli.Command {
 	return &cli.Command{

@@ -621,7 +621,8 @@ func TestUsageErrors(t *testing.T) {
 		{"run-locked"},
 		{"run-locked", "name"},
 		{"serve", "extra"},
-		{"restore", "backup.fkvb"}, // no --data
+		{"serve", "--event-loop", "false"}, // a boolean flag takes no separate value
+		{"restore", "backup.fkvb"},         // no --data
 	} {
 		r := c.run(args...)
 		if r.code != exitUsage {

@@ -76,3 +76,18 @@ func exitCode(err error) int {
 func describe(err error) string {
 	return err.Error()
 }
+
+// noArgs refuses arguments to a command that takes none. A lone true or
+// false is most often a boolean flag's value written after a space
+// (--event-loop false), which the flag does not take.
+func noArgs(c *cli.Context) error {
+	if c.NArg() == 0 {
+		return nil
+	}
+	a := c.Args().Slice()
+	hint := ""
+	if a[0] == "true" || a[0] == "false" {
+		hint = fmt.Sprintf(": a boolean flag takes its value after '=', as in --FLAG=%s", a[0])
+	}
+	return usagef("%s takes no arguments, got %q%s (see 'fencekv %s --help')", c.Command.Name, a, hint, c.Command.Name)
+}

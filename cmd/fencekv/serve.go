@@ -57,8 +57,8 @@ Example:
 			&cli.StringFlag{Name: "http", Value: DefaultHTTPAddr, EnvVars: env("HTTP"), Usage: "serve /metrics, /healthz and /readyz over HTTP on `ADDRESS` (\"\" turns it off; each server on a machine needs its own)"},
 		}, append(clusterFlags(), serveSecurityFlags()...)...),
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usagef("serve takes no arguments, got %q", c.Args().Slice())
+			if err := noArgs(c); err != nil {
+				return err
 			}
 			log, err := newLogger(c.App.ErrWriter, c.String("log-level"), c.String("log-format"))
 			if err != nil {

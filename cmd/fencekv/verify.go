@@ -40,8 +40,8 @@ Scratch keys and locks live under verify/<random>/ and are deleted at the end
 			&cli.IntFlag{Name: "updates", Value: verify.Defaults.Updates, Usage: "inventory updates"},
 		}),
 		Action: func(c *cli.Context) error {
-			if c.NArg() > 0 {
-				return usagef("verify takes no arguments")
+			if err := noArgs(c); err != nil {
+				return err
 			}
 			self, err := os.Executable()
 			if err != nil {
