@@ -57,6 +57,10 @@ type session struct {
 	id       atomic.Pointer[identity] // nil until authenticated
 	mu       sync.Mutex               // serialises auth calls, delays included
 	failures int                      // failed auth calls in a row; under mu
+	// certName is the common name of a verified client certificate
+	// that is no principal (set before the first request is read), to
+	// say so when the connection is refused unauthenticated.
+	certName string
 }
 
 type identity struct {
@@ -103,7 +107,11 @@ func (c *conn) authorize(ctx context.Context, method string, a *args) (context.C
 func (c *conn) permitted(method string, a *args) (Principal, *fencekv.Error) {
 	id := c.sess.id.Load()
 	if id == nil {
-		return nil, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: "authenticate first (method auth, or a TLS client certificate)"}
+		msg := "authenticate first (method auth, or a TLS client certificate)"
+		if c.sess.certName != "" {
+			msg += fmt.Sprintf(": the client certificate's common name %q is not a principal of the auth file", clip(c.sess.certName))
+		}
+		return nil, &fencekv.Error{Code: fencekv.CodeUnauthenticated, Message: msg}
 	}
 	p := c.s.cfg.Auth.Lookup(id.name)
 	switch {
@@ -232,7 +240,9 @@ func (c *conn) certPrincipal(cn string) {
 	if p := c.s.cfg.Auth.Lookup(cn); p != nil {
 		c.sess.id.Store(&identity{name: p.Name(), byCert: true})
 		c.s.log.Debug("authenticated by certificate", "remote", c.nc.RemoteAddr().String(), "principal", p.Name())
+		return
 	}
+	c.sess.certName = cn
 }
 
 // clip shortens a name quoted in a log line.

@@ -451,7 +451,9 @@ func TestCertificatePrincipal(t *testing.T) {
 	wantCode(t, err, fencekv.CodePermissionDenied)
 	stranger := dialAs("stranger")
 	_, err = stranger.Get(ctx, b("a/1"))
-	wantCode(t, err, fencekv.CodeUnauthenticated)
+	if fe := wantCode(t, err, fencekv.CodeUnauthenticated); !strings.Contains(fe.Message, `common name "stranger" is not a principal`) {
+		t.Errorf("refusal of a certificate that names no principal: %q; want it to say so", fe.Message)
+	}
 	_, err = stranger.Auth(ctx, "reader", []byte("reader-secret"))
 	ok(t, err)
 	_, err = stranger.Get(ctx, b("a/1"))

@@ -131,6 +131,9 @@ func (s clientSecurity) dialOptions() (*wire.DialOptions, error) {
 				return nil, usageError{fmt.Errorf("--secret-file: %w", err)}
 			}
 			o.Secret = firstLine(b)
+			if len(o.Secret) == 0 {
+				return nil, usagef("--secret-file %s holds no secret (its first line is empty)", s.secretFile)
+			}
 		case s.secretEnv != "":
 			o.Secret = []byte(s.secretEnv)
 		default:

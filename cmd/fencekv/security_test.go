@@ -126,6 +126,8 @@ func TestServeTLSAndAuth(t *testing.T) {
 	r = asOps.fails(exitUnauthenticated, "ping", "--secret-file", bad)
 	wantContains(t, "wrong secret's error", r.stderr, "wrong name or secret")
 	asDeploy.fails(exitUsage, "ping", "--user", "ops")
+	r = asOps.fails(exitUsage, "ping", "--secret-file", os.DevNull) // an empty file is not a wrong secret
+	wantContains(t, "empty secret file's error", r.stderr, "holds no secret")
 	waitFor(t, 5*time.Second, "the failed attempt's log line", func() bool {
 		return strings.Contains(s.log.String(), `msg="authentication failed"`) && strings.Contains(s.log.String(), "name=ops")
 	})
