@@ -910,7 +910,7 @@ func (r *linRun) finish(clients int, seed uint64) []porcupine.Operation {
 func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations []porcupine.Annotation) {
 	t := r.t
 	load := time.Duration(r.now())
-	counts := map[string]int{}
+	counts, unknownIn := map[string]int{}, map[string]int{}
 	unknown := 0
 	for _, op := range history {
 		in, out := op.Input.(linInput), op.Output.(linOutput)
@@ -918,11 +918,20 @@ func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations
 		case out.Unknown:
 			unknown++
 			counts[in.Op.String()+" unknown"]++
+			unknownIn[linParts[in.Part].name]++
 		case out.Err != "":
 			counts[out.Err]++
 		default:
 			counts[in.Op.String()+" ok"]++
 		}
+	}
+	if verifyLong() {
+		// A long check can take its whole budget (it is exponential in
+		// a partition's operations of unknown outcome): keep what it
+		// checks, and where they were, before it starts.
+		path := filepath.Join(artifactDir(t), "history.txt")
+		r.dumpHistory(path, history)
+		t.Logf("checking %d operations; unknown outcomes by partition %v; history kept in %s", len(history), unknownIn, path)
 	}
 	model := linModel()
 	began := time.Now()
