@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"log"
 	"net"
 	"slices"
 	"strconv"
@@ -153,7 +154,7 @@ func (n *Node) startGossip() error {
 	mc.AdvertiseAddr, mc.AdvertisePort = host, p
 	mc.Delegate = n.mdel
 	mc.Events = n.mdel
-	mc.LogOutput = slogWriter{n.log.With("component", "gossip")}
+	mc.Logger = log.New(slogWriter{n.log.With("component", "gossip")}, "", 0) // no timestamp of its own
 	if len(n.cfg.GossipKey) > 0 {
 		// Encrypts and authenticates every gossip message (AES-GCM);
 		// a member without the key can neither join nor be heard.

@@ -214,9 +214,10 @@ func (n *Node) startRaft(created bool) error {
 	rc.NotifyCh = notify
 	n.notify = notify
 	rc.Logger = hclog.New(&hclog.LoggerOptions{
-		Name:   "raft",
-		Level:  hclog.Warn,
-		Output: slogWriter{n.log},
+		Name:        "raft",
+		Level:       hclog.Warn,
+		Output:      slogWriter{n.log},
+		DisableTime: true, // the node's log has its own
 	})
 
 	var err error
@@ -349,21 +350,35 @@ type slogWriter struct{ log *slog.Logger }
 
 func (w slogWriter) Write(p []byte) (int, error) {
 	line := strings.TrimSpace(string(p))
-	level := slog.LevelInfo
-	switch {
-	case strings.Contains(line, "failed to heartbeat"), strings.Contains(line, "failed to appendEntries"),
-		strings.Contains(line, "failed to contact"):
+	level, msg := slog.LevelInfo, line
+	// Both tag a line with its level: "[WARN]  raft: ...", "[ERR]
+	// memberlist: ..." (without their own timestamps: see their set-up).
+	if i := strings.IndexByte(line, '['); i >= 0 {
+		if j := strings.IndexByte(line[i:], ']'); j > 0 {
+			known := true
+			switch line[i+1 : i+j] {
+			case "ERR", "ERROR":
+				level = slog.LevelError
+			case "WARN":
+				level = slog.LevelWarn
+			case "INFO":
+			case "DEBUG", "TRACE":
+				level = slog.LevelDebug
+			default:
+				known = false
+			}
+			if known {
+				msg = strings.TrimSpace(line[:i] + line[i+j+1:])
+			}
+		}
+	}
+	if strings.Contains(msg, "failed to heartbeat") || strings.Contains(msg, "failed to appendEntries") ||
+		strings.Contains(msg, "failed to contact") {
 		// Every few hundred milliseconds while a peer is down: gossip
 		// reports the peer's death once, at info.
 		level = slog.LevelDebug
-	case strings.Contains(line, "[ERR"):
-		level = slog.LevelError
-	case strings.Contains(line, "[WARN"):
-		level = slog.LevelWarn
-	case strings.Contains(line, "[DEBUG"), strings.Contains(line, "[TRACE"):
-		level = slog.LevelDebug
 	}
-	w.log.Log(context.Background(), level, line)
+	w.log.Log(context.Background(), level, msg)
 	return len(p), nil
 }
 
