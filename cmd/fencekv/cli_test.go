@@ -5,6 +5,7 @@ package main
 // how locks are described.
 
 import (
+	"bytes"
 	"encoding/base64"
 	"os"
 	"os/exec"
@@ -209,4 +210,16 @@ func TestLockLine(t *testing.T) {
 			t.Errorf("lockLine(%+v) = %q; want %q", tt.in, got, tt.want)
 		}
 	}
+}
+
+// TestJSONLogDurations: --log-format json writes durations as the text
+// format does ("300ms"), not as integers of nanoseconds.
+func TestJSONLogDurations(t *testing.T) {
+	var b bytes.Buffer
+	log, err := newLogger(&b, "info", "json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	log.Info("lock granted", "ttl", 300*time.Millisecond, "token", 7)
+	wantContains(t, "JSON log line", b.String(), `"ttl":"300ms","token":7`)
 }

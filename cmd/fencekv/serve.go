@@ -230,6 +230,14 @@ func newLogger(w io.Writer, level, format string) (*slog.Logger, error) {
 	case "text":
 		return slog.New(slog.NewTextHandler(w, ho)), nil
 	case "json":
+		// Durations as text ("300ms"), as in the text format: JSON's
+		// default is an integer of nanoseconds with no unit in its name.
+		ho.ReplaceAttr = func(_ []string, a slog.Attr) slog.Attr {
+			if a.Value.Kind() == slog.KindDuration {
+				a.Value = slog.StringValue(a.Value.Duration().String())
+			}
+			return a
+		}
 		return slog.New(slog.NewJSONHandler(w, ho)), nil
 	}
 	return nil, fmt.Errorf("--log-format %q: want text or json", format)
