@@ -92,7 +92,10 @@ func writeCheckReport(w io.Writer, r *fencekv.CheckReport, raftLog *cluster.LogR
 		if l.Records > 0 {
 			recs = fmt.Sprintf("%d records after the checkpoint (%d to %d)", l.Records, l.First, l.Last)
 		}
-		end := fmt.Sprintf("clean end at offset %d (%s)", l.End, l.EndWhat)
+		end := fmt.Sprintf("a clean end at offset %d (after it: %s; not a next record)", l.End, l.EndWhat)
+		if l.EndWhat == "the end of the file" {
+			end = fmt.Sprintf("a clean end at offset %d, the end of the file", l.End)
+		}
 		if l.Torn {
 			end = fmt.Sprintf("torn last record at offset %d (%s): a write cut short by a crash, never acknowledged; the next start drops it", l.End, l.EndWhat)
 		}

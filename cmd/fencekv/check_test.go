@@ -124,7 +124,7 @@ func TestCheckLog(t *testing.T) {
 	appendRecords(t, logPath, applied, "first record", "second record")
 	out, j = checkDirCode(t, dir, 0)
 	wantContains(t, "report", out, fmt.Sprintf("2 records after the checkpoint (%d to %d)", applied+1, applied+2))
-	wantContains(t, "report", out, "clean end at offset 57")
+	wantContains(t, "report", out, "a clean end at offset 57 (after it: ")
 	wantFields(t, j["log"].(map[string]any), map[string]any{"ok": true, "records": 2, "torn": false, "end_offset": 57})
 
 	// The last record's payload damaged: a torn tail, not damage.
