@@ -480,7 +480,7 @@ func TestFencing(t *testing.T) {
 	// A deleted key keeps its fence.
 	c.ok("del", "inventory/sku-2", "--token", tok(newer))
 	m = decodeJSON(t, c.fails(exitNotFound, "get", "inventory/sku-2", "--json").stdout)
-	wantFields(t, m, map[string]any{"found": false, "fence": int(newer)})
+	wantFields(t, m, map[string]any{"found": false, "fence": int(newer), "value": nil})
 	c.fails(exitFenced, "put", "inventory/sku-2", "3", "--token", tok(old))
 }
 

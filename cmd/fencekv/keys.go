@@ -64,7 +64,12 @@ func getCommand() *cli.Command {
 				}
 				if c.Bool("json") {
 					out := setText(map[string]any{"found": e.Found, "fence": e.Fence, "revision": e.Revision}, "key", key)
-					if err := show(c, "", setText(out, "value", e.Value)); err != nil {
+					if e.Found {
+						setText(out, "value", e.Value)
+					} else {
+						out["value"] = nil // an empty value is "": a missing key has none
+					}
+					if err := show(c, "", out); err != nil {
 						return err
 					}
 				} else if e.Found {
