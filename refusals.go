@@ -21,12 +21,12 @@ type Refusal struct {
 	Seq    uint64    // position in the log, from 1; Refusals(since) returns those after since
 	Time   time.Time // wall clock of the node that took the request
 	Code   Code      // stale_token, not_holder or lease_expired
-	Op     string    // put, delete, cas, incr
-	Key    []byte
-	Lock   string // the lock a held write named, if any
-	Token  Token  // the token the write presented
-	Fence  Token  // stale_token: the key's fence
-	Holder Token  // not_holder: the lock's current holder's token (0: free)
+	Op     string    // put, delete, cas, incr, txn
+	Key    []byte    // for a txn, the key whose fence refused it (none if its lock did)
+	Lock   string    // the lock a held write named, if any
+	Token  Token     // the token the write presented
+	Fence  Token     // stale_token: the key's fence
+	Holder Token     // not_holder: the lock's current holder's token (0: free)
 	// GrantedLock and GrantedHolder say whom Token was granted to, when
 	// this node still remembers the grant.
 	GrantedLock   string

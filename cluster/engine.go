@@ -26,7 +26,11 @@ import (
 // sent it answered its client.
 func route[T any](ctx context.Context, n *Node, write bool, local func(context.Context) (T, error), remote func(*wire.Client) (T, error)) (T, error) {
 	var zero T
-	ctx = n.held(ctx) // one hold timeout for all the waits below, the remote's included
+	// One hold timeout for all of this node's waits for a leader below,
+	// counted from here (the time a remote takes counts against it too).
+	// It is not sent on: a leader a request is forwarded to holds it for
+	// up to its own hold timeout, if it is not ready yet.
+	ctx = n.held(ctx)
 	var deadline <-chan time.Time
 	moved := false // a not_leader was followed at once to the leader raft names now
 	for {

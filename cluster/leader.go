@@ -213,7 +213,9 @@ type holdKey struct{}
 // HoldTimeout from now, unless ctx has that time already. route sets it as
 // a request reaches the node, so that all the request's waits together
 // (for a leader, for a read's confirmation, between forwarding attempts)
-// take at most HoldTimeout, not HoldTimeout each.
+// take at most HoldTimeout, not HoldTimeout each (awaitApplied, which
+// waits for this node's own state machine, not for a leader, keeps a bound
+// of its own).
 func (n *Node) held(ctx context.Context) context.Context {
 	if _, ok := ctx.Value(holdKey{}).(time.Time); ok {
 		return ctx

@@ -305,7 +305,9 @@ func (n *Node) readIndex(ctx context.Context) error {
 
 // awaitApplied waits until this node has applied index.
 func (n *Node) awaitApplied(ctx context.Context, index uint64) error {
-	timer := time.NewTimer(n.holdLeft(ctx))
+	// Not a wait for a leader (the read has one): a bound of its own,
+	// not what is left of the request's hold, which may be nothing.
+	timer := time.NewTimer(n.cfg.HoldTimeout)
 	defer timer.Stop()
 	for {
 		applied, change := n.fsm.appliedIndex()

@@ -928,10 +928,19 @@ func (r *linRun) check(history []porcupine.Operation, cfg linConfig, annotations
 	if verifyLong() {
 		// A long check can take its whole budget (it is exponential in
 		// a partition's operations of unknown outcome): keep what it
-		// checks, and where they were, before it starts.
-		path := filepath.Join(artifactDir(t), "history.txt")
+		// checks, and where they were, before it starts (removed if it
+		// passes, unless FENCEKV_VERIFY_ARTIFACTS names the dir).
+		dir := artifactDir(t)
+		path := filepath.Join(dir, "history.txt")
 		r.dumpHistory(path, history)
 		t.Logf("checking %d operations; unknown outcomes by partition %v; history kept in %s", len(history), unknownIn, path)
+		if os.Getenv("FENCEKV_VERIFY_ARTIFACTS") == "" {
+			defer func() {
+				if !t.Failed() && !t.Skipped() {
+					os.RemoveAll(dir)
+				}
+			}()
+		}
 	}
 	model := linModel()
 	began := time.Now()

@@ -116,10 +116,10 @@ type DialOptions struct {
 	// fails the dial.
 	User   string
 	Secret []byte
-	// DialTimeout bounds each attempt to connect to one address, and then
-	// its first answer (to auth, or, with several addresses, to a ping:
-	// a stopped node's kernel still accepts connections); 0 means 2s.
-	// The caller's context bounds it too.
+	// DialTimeout bounds each attempt to connect to one address, and,
+	// with several addresses, then its answer to a ping (a stopped node's
+	// kernel still accepts connections); 0 means 2s. The caller's context
+	// bounds it too.
 	DialTimeout time.Duration
 	// MinBackoff and MaxBackoff bound the pause after a round of dials
 	// in which no address answered, during which calls fail at once:
@@ -192,19 +192,23 @@ func (c *Client) dialRound(ctx context.Context, first int) (*link, error) {
 		nc, raw, err := c.dialOne(ctx, addr)
 		if err == nil {
 			cn := newLink(c, nc, raw, addr)
-			if err = c.greet(ctx, cn, user, secret); err == nil && forward {
+			err = c.greet(ctx, cn)
+			if err == nil && user != "" {
+				if err = cn.auth(ctx, user, secret); refusedCredentials(err) {
+					// The server answered: refused credentials are
+					// not a dead node, and every node would say the
+					// same.
+					cn.shut(err)
+					return nil, fmt.Errorf("wire: %s: authenticate as %q: %w", addr, user, err)
+				}
+			}
+			if err == nil && forward {
 				err = cn.forwarding(ctx)
 			}
 			if err == nil {
 				return cn, nil
 			}
 			cn.shut(err)
-			var fe *fencekv.Error
-			if errors.As(err, &fe) {
-				// The server answered: refused credentials are not a
-				// dead node, and every node would say the same.
-				return nil, fmt.Errorf("wire: %s: authenticate as %q: %w", addr, user, err)
-			}
 		}
 		errs = append(errs, fmt.Errorf("wire: dial %s: %w", addr, err))
 		if ctx.Err() != nil {
@@ -214,28 +218,34 @@ func (c *Client) dialRound(ctx context.Context, first int) (*link, error) {
 	return nil, errors.Join(errs...)
 }
 
-// greet makes the first round trip on a new connection, within the dial
-// timeout: it authenticates it if the client has a user, else, when there
-// are other addresses to go to, it pings it. The kernel accepts a
-// connection for a node that is stopped (SIGSTOP) or hung, and without an
-// answer to wait for, the client would settle on it and every call would
-// wait there until its deadline: such a node is left for the next
-// address, as one that refuses connections is.
-func (c *Client) greet(ctx context.Context, cn *link, user string, secret []byte) error {
-	if user == "" && len(c.addrs) < 2 {
+// greet pings a new connection, within the dial timeout, when there are
+// other addresses to go to. The kernel accepts a connection for a node
+// that is stopped (SIGSTOP) or hung, and without an answer to wait for,
+// the client would settle on it and every call would wait there until its
+// deadline: such a node is left for the next address, as one that refuses
+// connections is. (Authentication comes after, under the caller's
+// context: with bcrypt, a burst of clients may wait for it longer.)
+func (c *Client) greet(ctx context.Context, cn *link) error {
+	if len(c.addrs) < 2 {
 		return nil
 	}
 	ctx, cancel := context.WithTimeout(ctx, c.opts.DialTimeout)
 	defer cancel()
-	if user != "" {
-		return cn.auth(ctx, user, secret)
-	}
 	p := &call{done: make(chan error, 1)}
 	id, err := cn.start("ping", nil, p)
 	if err != nil {
 		return err
 	}
 	return cn.wait(ctx, id, p, false)
+}
+
+// refusedCredentials reports whether err is the server's answer to auth
+// refusing the credentials (not a connection that broke or was closed
+// with a refusal such as limit_exceeded: another node may take it).
+func refusedCredentials(err error) bool {
+	var ce *ConnError
+	var fe *fencekv.Error
+	return !errors.As(err, &ce) && errors.As(err, &fe)
 }
 
 // dialOne connects to addr, within the dial timeout, with TLS if the

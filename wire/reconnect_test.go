@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"net"
+	"os"
 	"path/filepath"
 	"sync"
 	"sync/atomic"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/auth"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -367,6 +369,70 @@ func TestDialClusterPassesOverSilentNode(t *testing.T) {
 		ok(t, err)
 		c.Close()
 		cancel()
+	}
+}
+
+// TestDialClusterPassesOverFullNode: a node at its connection limit
+// closes a new connection with limit_exceeded; the client goes on to the
+// next address, with and without credentials. (The first version of the
+// ping above took that refusal for refused credentials, and the dial
+// failed: found in review.)
+func TestDialClusterPassesOverFullNode(t *testing.T) {
+	for _, user := range []string{"", "deploy"} {
+		edit := func(_ *fencekv.Options, cfg *wire.Config) {
+			if user != "" {
+				cfg.Auth = wireAuth{authFile(t, filepath.Join(t.TempDir(), "auth"), map[string]string{"deploy": "read: write: lock:"})}
+			}
+		}
+		full := startServer(t, func(o *fencekv.Options, cfg *wire.Config) { edit(o, cfg); cfg.MaxConns = 1 })
+		good := startServer(t, edit)
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		o := &wire.DialOptions{DialTimeout: time.Second, User: user, Secret: []byte(user + "-secret")}
+		hog, err := wire.DialWith(ctx, full.Addr, o)
+		ok(t, err)
+		_, err = hog.Ping(ctx) // the one connection full takes
+		ok(t, err)
+		c, err := wire.DialCluster(ctx, []string{full.Addr, good.Addr}, o)
+		if err != nil {
+			t.Fatalf("user %q: DialCluster(full, good): %v", user, err)
+		}
+		if c.Addr() != good.Addr {
+			t.Errorf("user %q: connected to %s; want the node with room, %s", user, c.Addr(), good.Addr)
+		}
+		_, err = c.Put(ctx, b("k"), b("v"), fencekv.WriteOptions{})
+		ok(t, err)
+		c.Close()
+		hog.Close()
+		cancel()
+	}
+}
+
+// TestDialAuthNotBoundByDialTimeout: authentication is not bounded by the
+// dial timeout: a bcrypt check may queue behind others on the server (a
+// burst of clients after a restart), and a client that gave up would only
+// retry into the same queue. (The first version of the ping above bounded
+// auth too: found in review.)
+func TestDialAuthNotBoundByDialTimeout(t *testing.T) {
+	h, err := auth.Hash([]byte("slow-secret"), 12) // about 250 ms a check, at any core speed above 1 GHz
+	ok(t, err)
+	path := filepath.Join(t.TempDir(), "auth")
+	ok(t, os.WriteFile(path, []byte("slow "+h+" read:\n"), 0o600))
+	store, err := auth.Open(path)
+	ok(t, err)
+	ts := startServer(t, func(_ *fencekv.Options, cfg *wire.Config) { cfg.Auth = wireAuth{store} })
+	silent, err := net.Listen("tcp", "127.0.0.1:0")
+	ok(t, err)
+	t.Cleanup(func() { silent.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	for _, addrs := range [][]string{{ts.Addr}, {silent.Addr().String(), ts.Addr}} {
+		c, err := wire.DialCluster(ctx, addrs, &wire.DialOptions{DialTimeout: 100 * time.Millisecond, User: "slow", Secret: []byte("slow-secret")})
+		if err != nil {
+			t.Fatalf("dial %v with a slow auth: %v", addrs, err)
+		}
+		_, err = c.Get(ctx, b("k"))
+		ok(t, err)
+		c.Close()
 	}
 }
 

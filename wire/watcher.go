@@ -116,11 +116,18 @@ func (w *Watcher) connect(ctx context.Context, i int, start fencekv.Revision) (n
 			errs = append(errs, err)
 			continue
 		}
-		dec, rev, err := startWatch(nc, w.o, start, w.creds)
+		// The first answer comes at once, unless auth's bcrypt check
+		// queues: with other nodes to go to, one that does not answer
+		// soon (stopped, hung: its kernel still accepts) is passed over.
+		within := 10 * time.Second
+		if len(w.addrs) > 1 && w.creds.User == "" {
+			within = w.creds.withDefaults().DialTimeout
+		}
+		dec, rev, err := startWatch(nc, w.o, start, w.creds, within)
 		if err != nil {
 			nc.Close()
 			var fe *fencekv.Error
-			if errors.As(err, &fe) {
+			if errors.As(err, &fe) && !nodeRefusal(fe) {
 				return nil, nil, err // a refusal: every node would say the same
 			}
 			errs = append(errs, err)
@@ -134,14 +141,22 @@ func (w *Watcher) connect(ctx context.Context, i int, start fencekv.Revision) (n
 	return nil, nil, fmt.Errorf("wire: watch: no server answered: %w", errors.Join(errs...))
 }
 
+// nodeRefusal reports whether a watch's refusal is this node's own (at its
+// watcher limit, or shutting down): another node may take the watch. Any
+// other refusal (permission_denied, compacted, bad_request) every node
+// would give.
+func nodeRefusal(fe *fencekv.Error) bool {
+	return fe.Code == fencekv.CodeLimitExceeded || fe.Code == fencekv.CodeUnavailable
+}
+
 // startWatch authenticates nc if creds name a user, sends the watch
 // request, and reads the answers.
-func startWatch(nc net.Conn, o fencekv.WatchOptions, start fencekv.Revision, creds *DialOptions) (*msgpack.Decoder, fencekv.Revision, error) {
+func startWatch(nc net.Conn, o fencekv.WatchOptions, start fencekv.Revision, creds *DialOptions, within time.Duration) (*msgpack.Decoder, fencekv.Revision, error) {
 	params := map[string]any{"prefix": o.Prefix, "locks": o.Locks}
 	if start > 0 {
 		params["start_revision"] = uint64(start)
 	}
-	nc.SetDeadline(time.Now().Add(10 * time.Second))
+	nc.SetDeadline(time.Now().Add(within))
 	dec := msgpack.NewDecoder(bufio.NewReader(nc))
 	send := func(msg []any) error {
 		b, err := msgpack.Marshal(msg)

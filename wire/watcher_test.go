@@ -104,3 +104,38 @@ func TestWatcherResumes(t *testing.T) {
 		}
 	}
 }
+
+// TestWatcherPassesOverSilentNode: a node that accepts the connection but
+// answers nothing (stopped, hung) is passed over after the dial timeout,
+// as by DialCluster: the watch used to wait 10 s for its first answer
+// there before trying the next address.
+func TestWatcherPassesOverSilentNode(t *testing.T) {
+	ts := startServer(t, nil)
+	silent, err := net.Listen("tcp", "127.0.0.1:0") // never accepts
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	ctx := context.Background()
+	began := time.Now()
+	w, err := wire.WatchWith(ctx, []string{silent.Addr().String(), ts.Addr}, fencekv.WatchOptions{Prefix: []byte("w/")},
+		&wire.DialOptions{DialTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	if d := time.Since(began); d > 5*time.Second {
+		t.Errorf("the watch started after %v; want the silent node passed over after its 200ms dial timeout", d)
+	}
+	if _, err := ts.DB.Put(ctx, []byte("w/k"), []byte("v"), fencekv.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case b := <-w.Events():
+		if len(b) != 1 || string(b[0].Key) != "w/k" {
+			t.Fatalf("events %+v; want the put of w/k", b)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatalf("no event: %v", w.Err())
+	}
+}
