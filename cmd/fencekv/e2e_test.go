@@ -971,3 +971,19 @@ func TestTimeoutOutcome(t *testing.T) {
 		return r.code == 0 && (v == "v" || v == "v2")
 	})
 }
+
+// TestSIGHUPWithNothingToReload: a server without TLS or an auth file
+// logs a SIGHUP and goes on serving (Go's default for SIGHUP is to exit at
+// once, with no graceful shutdown; it did, found by an operator's
+// walk-through: logrotate sends it).
+func TestSIGHUPWithNothingToReload(t *testing.T) {
+	s := startServer(t, t.TempDir())
+	sh := s.shell(t)
+	sh.ok("put", "k", "v")
+	s.signal(t, syscall.SIGHUP)
+	waitFor(t, 10*time.Second, "the SIGHUP's log line", func() bool {
+		return strings.Contains(s.log.String(), "SIGHUP: nothing to reload")
+	})
+	wantEqual(t, "get after SIGHUP", strings.TrimSpace(sh.ok("get", "k")), "v")
+	s.stop(t)
+}

@@ -358,11 +358,10 @@ func (s *serverSecurity) configureCluster(cc *cluster.Config) {
 
 // reloadOnHangup rereads the TLS certificate and key and the auth file on
 // each SIGHUP until stop is called. A file that does not load is logged
-// and what is in force stays.
+// and what is in force stays. Without either, SIGHUP is logged and
+// ignored: Go's default for it is to exit at once, without a graceful
+// shutdown, and a logrotate script or an operator may well send it.
 func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop func()) {
-	if s.store == nil && s.certs == nil {
-		return func() {}
-	}
 	if s.store != nil {
 		warnAuthFile(log, s.store)
 	}
@@ -375,6 +374,10 @@ func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop 
 			case <-done:
 				return
 			case <-hup:
+			}
+			if s.store == nil && s.certs == nil {
+				log.Info("SIGHUP: nothing to reload (no --tls-cert, no --auth-file)")
+				continue
 			}
 			if s.certs != nil {
 				if leaf, err := s.certs.load(); err != nil {
@@ -406,8 +409,6 @@ func (s *serverSecurity) reloadOnHangup(log *slog.Logger, clustered bool) (stop 
 	}
 }
 
-// warnLoose warns of an auth file that others than its owner may read:
-// the hashes are slow to crack, not impossible.
 // warnAuthFile warns of an auth file others may read, and of one whose
 // hashes have different costs (see auth.File.Costs).
 func warnAuthFile(log *slog.Logger, s *auth.Store) {
