@@ -4,9 +4,12 @@ import (
 	"context"
 	"log"
 	"log/slog"
+	"strings"
 	"sync"
 	"testing"
+	"time"
 
+	"github.com/fencekv/fencekv/cluster/clustertest"
 	"github.com/hashicorp/go-hclog"
 )
 
@@ -42,6 +45,10 @@ func TestRaftAndGossipLogLines(t *testing.T) {
 	gossipLog.Printf("[ERR] memberlist: Failed to send gossip to 127.0.0.1:3")
 	gossipLog.Printf("[DEBUG] memberlist: Stream connection from=127.0.0.1:4")
 	gossipLog.Printf("a line [with brackets] and no level")
+	// Routine for a rolling restart: not errors to page anyone for.
+	raftLog.Error("failed to pipeline appendEntries", "peer", "n1", "error", "write tcp: broken pipe")
+	raftLog.Error("failed to decode incoming command", "error", "transport shutdown")
+	gossipLog.Printf("[WARN] memberlist: Refuting a dead message (from: n2)")
 
 	want := []struct {
 		level slog.Level
@@ -52,6 +59,9 @@ func TestRaftAndGossipLogLines(t *testing.T) {
 		{slog.LevelError, `memberlist: Failed to send gossip to 127.0.0.1:3`},
 		{slog.LevelDebug, `memberlist: Stream connection from=127.0.0.1:4`},
 		{slog.LevelInfo, `a line [with brackets] and no level`},
+		{slog.LevelDebug, `raft: failed to pipeline appendEntries: peer=n1 error="write tcp: broken pipe"`},
+		{slog.LevelDebug, `raft: failed to decode incoming command: error="transport shutdown"`},
+		{slog.LevelInfo, `memberlist: Refuting a dead message (from: n2)`},
 	}
 	if len(rec.recs) != len(want) {
 		t.Fatalf("%d records; want %d", len(rec.recs), len(want))
@@ -60,5 +70,41 @@ func TestRaftAndGossipLogLines(t *testing.T) {
 		if r := rec.recs[i]; r.Level != w.level || r.Message != w.msg {
 			t.Errorf("record %d: %v %q; want %v %q", i, r.Level, r.Message, w.level, w.msg)
 		}
+	}
+}
+
+// TestWrongJoinWarned: a node whose --join no member answers says so at
+// warn, not only at debug, where an operator with a typo in --join saw
+// nothing but raft's "no known peers" (found by an operator's
+// walk-through).
+func TestWrongJoinWarned(t *testing.T) {
+	after := joinWarnAfter
+	joinWarnAfter = 100 * time.Millisecond
+	t.Cleanup(func() { joinWarnAfter = after })
+	rec := &records{}
+	cfg := DefaultConfig()
+	cfg.Name = "lonely"
+	cfg.Dir = t.TempDir()
+	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
+	cfg.BootstrapExpect = 3
+	cfg.Join = []string{clustertest.FreeAddr(t)} // nothing there
+	cfg.Engine.Logger = slog.New(rec)
+	serveNode(t, cfg)
+	warned := func() bool {
+		rec.mu.Lock()
+		defer rec.mu.Unlock()
+		for _, r := range rec.recs {
+			if r.Level == slog.LevelWarn && strings.Contains(r.Message, "no member listed in --join answers yet") {
+				return true
+			}
+		}
+		return false
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for !warned() {
+		if time.Now().After(deadline) {
+			t.Fatal("no warning of a --join that nobody answers within 30s")
+		}
+		time.Sleep(50 * time.Millisecond)
 	}
 }

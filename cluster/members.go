@@ -180,17 +180,32 @@ type nopSnapshots struct{ raft.SnapshotStore }
 
 func (nopSnapshots) List() ([]*raft.SnapshotMeta, error) { return nil, nil }
 
+// A join that no member answers is logged at warn after joinWarnAfter,
+// and every joinWarnEvery after that (variables for tests).
+var (
+	joinWarnAfter = 10 * time.Second
+	joinWarnEvery = 30 * time.Second
+)
+
 // joinLoop joins the listed members, retrying until one answers.
 func (n *Node) joinLoop() {
 	defer n.wg.Done()
 	backoff := 100 * time.Millisecond
+	began, warned := time.Now(), time.Time{}
 	for {
 		k, err := n.ml.Join(n.cfg.Join)
 		if k > 0 {
 			n.log.Info("joined the cluster's gossip", "via", n.cfg.Join, "answered", k)
 			return
 		}
-		n.log.Debug("join: no member answered yet; retrying", "err", err, "in", backoff)
+		// The others may start later; a wrong --join never answers.
+		if time.Since(began) >= joinWarnAfter && time.Since(warned) >= joinWarnEvery {
+			warned = time.Now()
+			n.log.Warn("no member listed in --join answers yet; still trying (is --join right?)", "join", n.cfg.Join,
+				"for", time.Since(began).Round(time.Second), "err", err)
+		} else {
+			n.log.Debug("join: no member answered yet; retrying", "err", err, "in", backoff)
+		}
 		select {
 		case <-n.stop:
 			return

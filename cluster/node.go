@@ -398,11 +398,16 @@ func (w slogWriter) Write(p []byte) (int, error) {
 			}
 		}
 	}
-	if strings.Contains(msg, "failed to heartbeat") || strings.Contains(msg, "failed to appendEntries") ||
-		strings.Contains(msg, "failed to contact") {
-		// Every few hundred milliseconds while a peer is down: gossip
-		// reports the peer's death once, at info.
+	switch {
+	case strings.Contains(msg, "failed to heartbeat"), strings.Contains(msg, "failed to appendEntries"),
+		strings.Contains(msg, "failed to pipeline appendEntries"), strings.Contains(msg, "failed to contact"):
+		// Every few hundred milliseconds while a peer is down (or as it
+		// restarts): gossip reports the peer's death once, at info.
 		level = slog.LevelDebug
+	case strings.Contains(msg, "transport shutdown"):
+		level = slog.LevelDebug // this node stopping: it says so itself
+	case strings.Contains(msg, "Refuting a dead message"):
+		level = min(level, slog.LevelInfo) // a node restarted faster than gossip noticed it went
 	}
 	w.log.Log(context.Background(), level, msg)
 	return len(p), nil
