@@ -1042,3 +1042,55 @@ func waitLog(t *testing.T, nd *clustertest.Node, s string, within time.Duration)
 		return nil
 	})
 }
+
+// TestQueuedAcquireSurvivesLeaderRestart: a queued acquire (--wait) lives
+// on the leader; when the leader shuts down it answers the waiter
+// unavailable (not applied), and the client queues again through its node
+// while its wait lasts. It used to fail at once: every cron job's
+// run-locked --wait failed during a rolling restart (found by an
+// operator's walk-through).
+func TestQueuedAcquireSurvivesLeaderRestart(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 2*time.Minute)
+	leader := c.Leader(t)
+	f := c.Others(leader)[0]
+	holder := c.Dial(t, f)
+	l, err := holder.Acquire(ctx, "q", time.Minute, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waiter := c.Dial(t, f)
+	type result struct {
+		l   fencekv.Lease
+		err error
+	}
+	got := make(chan result, 1)
+	go func() {
+		l, err := waiter.Acquire(ctx, "q", time.Minute, &fencekv.AcquireOptions{Wait: time.Minute})
+		got <- result{l, err}
+	}()
+	eventually(t, "the waiter to queue on the leader", 30*time.Second, func() error {
+		in, err := holder.LockInfo(ctx, "q")
+		if err == nil && in.Waiters == 0 {
+			err = errors.New("not queued yet")
+		}
+		return err
+	})
+	c.Stop(leader) // SIGTERM: hands the leadership over, answers its waiters unavailable
+	select {
+	case r := <-got:
+		t.Fatalf("the queued acquire ended when its leader stopped: %+v, %v", r.l, r.err)
+	default:
+	}
+	eventually(t, "the release through the new leader", 30*time.Second, func() error {
+		return holder.Release(ctx, "q", l.Token)
+	})
+	select {
+	case r := <-got:
+		if r.err != nil || r.l.Token <= l.Token {
+			t.Fatalf("the queued acquire after the leader's restart: %+v, %v; want a grant above token %d", r.l, r.err, l.Token)
+		}
+	case <-time.After(30 * time.Second):
+		t.Fatal("the queued acquire was not granted within 30s of the release")
+	}
+}

@@ -826,7 +826,9 @@ func (c *Client) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Ent
 // Acquire takes the lock; see fencekv.DB.Acquire. With o.Wait > 0 the
 // call queues on the server (without holding up other calls on this
 // client) until granted or the wait ends; the wait is shortened to ctx's
-// deadline. If ctx ends first, Acquire returns ctx's error at once, and a
+// deadline; a queued acquire that its leader dropped, unapplied (it lost
+// the leadership or shut down), queues again while the wait lasts. If ctx
+// ends first, Acquire returns ctx's error at once, and a
 // grant that still arrives later is released, so the lock is not stuck with
 // a holder that gave up: a goroutine of the client waits for the answer,
 // and Close ends that wait (a grant that comes after Close cannot be
@@ -836,12 +838,71 @@ func (c *Client) Acquire(ctx context.Context, name string, ttl time.Duration, o 
 	return l, err
 }
 
-// acquire is Acquire; it also reports whether the request was sent.
+// acquire is Acquire; it also reports whether the request was sent. A
+// queued acquire (o.Wait > 0) that the server answers as not applied
+// and worth retrying (unavailable or not_leader without an unknown
+// outcome: its leader lost the leadership or shut down, and dropped its
+// queue) queues again, on the client's next address if it has several,
+// while the wait lasts.
 func (c *Client) acquire(ctx context.Context, name string, ttl time.Duration, o *fencekv.AcquireOptions) (fencekv.Lease, bool, error) {
 	var ao fencekv.AcquireOptions
 	if o != nil {
 		ao = *o
 	}
+	if ao.Wait <= 0 {
+		return c.acquireOnce(ctx, name, ttl, ao)
+	}
+	until := time.Now().Add(ao.Wait)
+	pause := 50 * time.Millisecond
+	reachedAny := false
+	for {
+		l, reached, err := c.acquireOnce(ctx, name, ttl, ao)
+		reachedAny = reachedAny || reached
+		if err == nil || !requeue(err) || !c.serving(ctx) {
+			return l, reachedAny, err
+		}
+		ao.Wait = time.Until(until) - pause
+		if ao.Wait <= 0 {
+			return l, reachedAny, err
+		}
+		t := time.NewTimer(pause)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return l, reachedAny, err
+		case <-c.closing:
+			t.Stop()
+			return l, reachedAny, err
+		case <-t.C:
+		}
+		pause = min(2*pause, time.Second)
+	}
+}
+
+// requeue reports whether a queued acquire that failed with err was not
+// applied and may be queued again: its node answered that it could not
+// serve it (its leader lost the leadership or shut down), and that
+// nothing was done.
+func requeue(err error) bool {
+	var fe *fencekv.Error
+	var ce *ConnError
+	return !errors.As(err, &ce) && errors.As(err, &fe) &&
+		(fe.Code == fencekv.CodeUnavailable || fe.Code == fencekv.CodeNotLeader) && fe.Outcome == ""
+}
+
+// serving reports whether a node still takes requests: the client's own
+// (or, if its connection broke, the next address's) answers a ping within
+// a second. A node that is itself shutting down does not: its waiter's
+// unavailable is then the answer.
+func (c *Client) serving(ctx context.Context) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	_, err := c.Ping(ctx)
+	return err == nil
+}
+
+// acquireOnce sends one acquire.
+func (c *Client) acquireOnce(ctx context.Context, name string, ttl time.Duration, ao fencekv.AcquireOptions) (fencekv.Lease, bool, error) {
 	if d, ok := ctx.Deadline(); ok && ao.Wait > 0 {
 		ao.Wait = max(min(ao.Wait, time.Until(d)), time.Millisecond)
 	}
