@@ -37,6 +37,8 @@ type nodeMeta struct {
 	Raft   string `json:"raft"`
 	Gossip string `json:"gossip"`
 	State  bool   `json:"state"` // it has raft state (bootstrapped, or joined a cluster)
+	// Leaving: it is shutting down (SIGTERM) and leaves gossip next.
+	Leaving bool `json:"leaving,omitempty"`
 }
 
 // members is memberlist's delegate: it serves this node's metadata and
@@ -73,11 +75,13 @@ func (d *members) MergeRemoteState(buf []byte, join bool)     {}
 func (d *members) NotifyJoin(node *memberlist.Node)   { d.update(node, "alive") }
 func (d *members) NotifyUpdate(node *memberlist.Node) { d.update(node, "alive") }
 
-// NotifyLeave is called for a node that left or was found dead (the node
-// it is given may still say alive).
+// NotifyLeave is called for a node that left or was found dead. The node
+// it is given still says alive either way (memberlist v0.6 sets the state
+// of its own record only): one that left said it was leaving first.
 func (d *members) NotifyLeave(node *memberlist.Node) {
 	state := "dead"
-	if node.State == memberlist.StateLeft {
+	var m nodeMeta
+	if node.State == memberlist.StateLeft || json.Unmarshal(node.Meta, &m) == nil && m.Leaving {
 		state = "left"
 	}
 	d.update(node, state)

@@ -426,6 +426,15 @@ func (n *Node) Close() error {
 		}
 		var errs []error
 		if n.ml != nil {
+			// Say it is leaving first: memberlist tells the others of a
+			// node that left as of a dead one (NotifyLeave's node
+			// keeps its old state), so they tell the two apart by this.
+			n.mdel.mu.Lock()
+			n.mdel.self.Leaving = true
+			n.mdel.mu.Unlock()
+			if err := n.ml.UpdateNode(500 * time.Millisecond); err != nil {
+				n.log.Debug("gossip update before leaving", "err", err)
+			}
 			if err := n.ml.Leave(time.Second); err != nil {
 				n.log.Warn("gossip leave", "err", err)
 			}
