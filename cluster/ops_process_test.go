@@ -150,6 +150,15 @@ func TestClusterOps(t *testing.T) {
 	if v, _ := metric(t, survivor, "fencekv_raft_leader_changes_total"); v < 2 {
 		t.Errorf("fencekv_raft_leader_changes_total = %v after the leader died; want at least 2", v)
 	}
+	// The quorum's margin, spent: two of three voters dead.
+	eventually(t, "the survivor's voters by state", 30*time.Second, func() error {
+		alive, _ := metric(t, survivor, `fencekv_cluster_voters{state="alive"}`)
+		dead, _ := metric(t, survivor, `fencekv_cluster_voters{state="dead"}`)
+		if alive != 1 || dead != 2 {
+			return fmt.Errorf("voters: %v alive, %v dead; want 1 and 2", alive, dead)
+		}
+		return nil
+	})
 
 	// A new cluster, seeded from the backup.
 	var restoredLast fencekv.Token

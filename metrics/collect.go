@@ -37,13 +37,27 @@ var (
 	dLeaderChanges = desc("fencekv_raft_leader_changes_total", "Changes of leader this node has seen since start (including to no leader).")
 	dLastContact   = desc("fencekv_raft_last_contact_seconds", "Time since this node last heard from the leader (0 on the leader); absent if it never has.")
 	dScrapeErr     = desc("fencekv_status_errors_total", "Scrapes whose reading of the store's status failed.")
+	dMembers       = desc("fencekv_cluster_members", "Nodes this node knows of, by gossip state (alive, suspect, dead, left; unknown: in raft's configuration, never heard of by gossip).", "state")
+	dVoters        = desc("fencekv_cluster_voters", "Voters in the raft configuration, by gossip state: a voter not alive is a quorum's margin spent.", "state")
 )
+
+// memberStates are the states fencekv_cluster_members and
+// fencekv_cluster_voters are reported for (0 if none), so that an alert
+// sees each series from the start.
+var memberStates = []string{"alive", "suspect", "dead", "left", "unknown"}
+
+// members is a cluster node: it lists what gossip and raft know of the
+// cluster's nodes.
+type members interface {
+	Members(context.Context) ([]fencekv.Member, error)
+}
 
 var roles = []string{"single", "leader", "follower", "candidate"}
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dBuild, dLastToken, dRevision, dKeys, dLocks, dWaiters, dGrants, dExpiries,
-		dCommits, dCommands, dDataSize, dConns, dRole, dHasLeader, dTerm, dCommit, dApplied, dLeaderChanges, dLastContact, dScrapeErr} {
+		dCommits, dCommands, dDataSize, dConns, dRole, dHasLeader, dTerm, dCommit, dApplied, dLeaderChanges, dLastContact, dScrapeErr,
+		dMembers, dVoters} {
 		ch <- d
 	}
 }
@@ -103,6 +117,21 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 		counter(dLeaderChanges, float64(r.LeaderChanges()))
 		if d, ok := r.LastContact(); ok {
 			gauge(dLastContact, d.Seconds())
+		}
+	}
+	if ml, ok := st.store.(members); ok {
+		if ms, err := ml.Members(ctx); err == nil {
+			all, voters := map[string]int{}, map[string]int{}
+			for _, m := range ms {
+				all[m.State]++
+				if m.Voter {
+					voters[m.State]++
+				}
+			}
+			for _, state := range memberStates {
+				ch <- prometheus.MustNewConstMetric(dMembers, prometheus.GaugeValue, float64(all[state]), state)
+				ch <- prometheus.MustNewConstMetric(dVoters, prometheus.GaugeValue, float64(voters[state]), state)
+			}
 		}
 	}
 }
