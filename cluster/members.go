@@ -261,6 +261,7 @@ func (n *Node) bootstrapLoop() {
 			n.log.Error("bootstrap", "err", err)
 			continue
 		}
+		n.votes.bootstrapped()
 		n.log.Info("bootstrapped the cluster", "servers", len(servers))
 		n.mdel.mu.Lock()
 		n.mdel.self.State = true

@@ -50,6 +50,7 @@ type Node struct {
 	fsm   *fsm
 	raft  *raft.Raft
 	trans *raft.NetworkTransport
+	votes *voteGuard            // raft's transport: trans, without the votes of a node that has not caught up (votes.go)
 	store *raftboltdb.BoltStore // raft's stable store
 	logs  *logStore             // raft's log
 	ml    *memberlist.Memberlist
@@ -143,7 +144,7 @@ func Open(cfg Config) (n *Node, err error) {
 	// The closers must not use n: a failed Open returns, and so sets, a
 	// nil n before they run.
 	r := n.raft
-	closers = append(closers, closerFunc(func() error { return r.Shutdown().Error() }), n.trans, n.logs, n.store)
+	closers = append(closers, closerFunc(func() error { return r.Shutdown().Error() }), n.votes, n.logs, n.store)
 	if err := n.checkSeed(); err != nil {
 		return nil, err
 	}
@@ -292,14 +293,39 @@ func (n *Node) startRaft(created bool) error {
 			return fmt.Errorf("cluster: data dir: %w", err)
 		}
 	}
-	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.trans)
+	hasState, err := raft.HasExistingState(logs, n.store, snaps)
+	if err != nil {
+		n.trans.Close()
+		n.logs.Close()
+		n.store.Close()
+		return fmt.Errorf("cluster: raft state: %w", err)
+	}
+	n.votes = newVoteGuard(n.trans, !hasState, raft.RPCHeader{ProtocolVersion: rc.ProtocolVersion,
+		ID: []byte(n.cfg.Name), Addr: n.trans.EncodePeer(raft.ServerID(n.cfg.Name), n.trans.LocalAddr())}, n.log)
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.votes)
 	if err != nil {
 		n.trans.Close()
 		n.logs.Close()
 		n.store.Close()
 		return fmt.Errorf("cluster: raft: %w", err)
 	}
+	r := n.raft
+	go n.votes.run(func(term, commit uint64) bool { return caughtUp(r, logs, snaps, term, commit) }, r.CurrentTerm)
 	return nil
+}
+
+// caughtUp reports whether r's log holds the entry at index commit, of
+// the given term, or r has installed a snapshot of that term (see
+// voteGuard).
+func caughtUp(r *raft.Raft, logs raft.LogStore, snaps raft.SnapshotStore, term, commit uint64) bool {
+	if r.LastIndex() >= commit {
+		var l raft.Log
+		if err := logs.GetLog(commit, &l); err == nil {
+			return l.Term == term
+		}
+	}
+	metas, err := snaps.List()
+	return err == nil && len(metas) > 0 && metas[0].Term == term
 }
 
 // finishInstall finishes what a crash may have cut short when raft

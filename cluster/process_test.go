@@ -964,6 +964,85 @@ func TestCLIPassesOverPausedNode(t *testing.T) {
 	}
 }
 
+// TestLostDataDirDoesNotVote: a node that comes back under its name with
+// an empty data dir (a lost disk) must not help elect a leader that lacks
+// what it had acknowledged. Leader L and follower B commit a grant and a
+// fenced write while follower A is paused (lagging); B loses its dir and
+// L dies; B comes back empty and A resumes. A alone lacks the write, so no
+// leader may be elected until L is back: B used to vote for A, which then
+// answered the write as never made and granted the same token again
+// (found by an operator's walk-through). Once B has caught up with the
+// leader it votes again: A and B elect a leader that has everything when
+// L dies once more.
+func TestLostDataDirDoesNotVote(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 3, nil)
+	ctx := ctxT(t, 3*time.Minute)
+	leader := c.Leader(t)
+	others := c.Others(leader)
+	lagging, lost := others[0], others[1]
+	lcl := c.Dial(t, leader)
+	c.Pause(lagging)
+	l, err := lcl.Acquire(ctx, "demo", 2*time.Minute, &fencekv.AcquireOptions{Holder: "demo"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := lcl.Put(ctx, []byte("demo/k"), []byte("acked"), fencekv.WriteOptions{Token: l.Token}); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(lost)
+	if err := os.RemoveAll(lost.Dir); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(leader)
+	c.Restart(lost)
+	c.Resume(lagging)
+
+	// The lagging node campaigns (after an election timeout or two);
+	// the empty one refuses it.
+	for end := time.Now().Add(10 * time.Second); time.Now().Before(end); time.Sleep(100 * time.Millisecond) {
+		for _, nd := range []*clustertest.Node{lagging, lost} {
+			if st, err := c.Status(nd); err == nil && st.Role == "leader" {
+				t.Fatalf("%s leads without the node that has the acknowledged write (term %d)", nd.Name, st.Term)
+			}
+		}
+	}
+	waitLog(t, lost, "refuses votes until it holds every committed entry", 30*time.Second)
+
+	// With L back, a leader has everything; B catches up and votes again.
+	c.Restart(leader)
+	c.WaitWritable(t, 30*time.Second)
+	checkKept := func(when string) {
+		t.Helper()
+		cl := c.Dial(t, c.Leader(t))
+		eventually(t, when+": read the acknowledged write", 30*time.Second, func() error {
+			e, err := cl.Get(ctx, []byte("demo/k"))
+			if err == nil && (!e.Found || string(e.Value) != "acked" || e.Fence != l.Token) {
+				t.Fatalf("%s: demo/k = %+v; want the acknowledged write, fence %d", when, e, l.Token)
+			}
+			return err
+		})
+		in, err := cl.LockInfo(ctx, "demo")
+		if err != nil || !in.Held || in.Token != l.Token {
+			t.Fatalf("%s: lock demo %+v, %v; want held by token %d", when, in, err, l.Token)
+		}
+	}
+	checkKept("L back")
+	waitLog(t, lost, "caught up with the leader: this node votes again", 60*time.Second)
+	c.Kill(c.Leader(t))
+	checkKept("after the next leader died")
+}
+
+// waitLog waits until nd's log has s.
+func waitLog(t *testing.T, nd *clustertest.Node, s string, within time.Duration) {
+	t.Helper()
+	eventually(t, nd.Name+" to log "+strconv.Quote(s), within, func() error {
+		if !strings.Contains(nd.Log(), s) {
+			return errors.New("not yet")
+		}
+		return nil
+	})
+}
+
 // TestQueuedAcquireSurvivesLeaderRestart: a queued acquire (--wait) lives
 // on the leader; when the leader shuts down it answers the waiter
 // unavailable (not applied), and the client queues again through its node
