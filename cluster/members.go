@@ -176,7 +176,41 @@ func (n *Node) startGossip() error {
 		n.wg.Add(1)
 		go n.bootstrapLoop()
 	}
+	if !hasState {
+		n.wg.Add(1)
+		go n.advertiseState()
+	}
 	return nil
+}
+
+// advertiseState tells gossip once a node that started without raft state
+// has some (it was added, and its leader sent it entries), so that no
+// node that lost its data dir takes the cluster for a new one, and
+// bootstraps another, because the members it sees all say they have none.
+func (n *Node) advertiseState() {
+	defer n.wg.Done()
+	tick := time.NewTicker(200 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		select {
+		case <-n.stop:
+			return
+		case <-tick.C:
+		}
+		if n.raft.LastIndex() == 0 {
+			continue
+		}
+		n.mdel.mu.Lock()
+		had := n.mdel.self.State
+		n.mdel.self.State = true
+		n.mdel.mu.Unlock()
+		if !had {
+			if err := n.ml.UpdateNode(time.Second); err != nil {
+				n.log.Warn("gossip update", "err", err)
+			}
+		}
+		return
+	}
 }
 
 // nopSnapshots lets raft.HasExistingState look at the log and term only.
@@ -261,7 +295,9 @@ func (n *Node) bootstrapLoop() {
 			n.log.Error("bootstrap", "err", err)
 			continue
 		}
-		n.votes.bootstrapped()
+		if err == nil {
+			n.votes.bootstrapped() // not on ErrCantBootstrap: it had state already
+		}
 		n.log.Info("bootstrapped the cluster", "servers", len(servers))
 		n.mdel.mu.Lock()
 		n.mdel.self.State = true
@@ -310,13 +346,37 @@ func (n *Node) reconcile() {
 		if !ok {
 			continue
 		}
-		if s, ok := inRaft[node.Name]; ok && string(s.Address) == m.Raft {
+		s, ok := inRaft[node.Name]
+		switch {
+		case ok && string(s.Address) == m.Raft && s.Suffrage == raft.Voter:
 			continue
-		}
-		n.log.Info("adding a server to the raft configuration", "server", node.Name, "raft", m.Raft)
-		if err := n.raft.AddVoter(raft.ServerID(node.Name), raft.ServerAddress(m.Raft), 0, 0).Error(); err != nil {
-			n.log.Warn("adding a server", "server", node.Name, "err", err)
-			return
+		case ok && s.Suffrage == raft.Voter:
+			// A voter at a new address: it keeps its vote.
+			n.log.Info("a server's raft address changed", "server", node.Name, "raft", m.Raft)
+			if err := n.raft.AddVoter(raft.ServerID(node.Name), raft.ServerAddress(m.Raft), 0, 0).Error(); err != nil {
+				n.log.Warn("updating a server's address", "server", node.Name, "err", err)
+				return
+			}
+		case ok && string(s.Address) == m.Raft:
+			// A non-voter: a voter once it has caught up.
+			if !n.caughtUpNode(m) {
+				continue
+			}
+			n.log.Info("a new server has caught up: it votes from now on", "server", node.Name)
+			if err := n.raft.AddVoter(raft.ServerID(node.Name), raft.ServerAddress(m.Raft), 0, 0).Error(); err != nil {
+				n.log.Warn("promoting a server", "server", node.Name, "err", err)
+				return
+			}
+		default:
+			// A new server joins as a non-voter: if it were a voter at
+			// once, a quorum could need the vote of a node that holds
+			// nothing yet, and that does not vote until it has caught
+			// up (votes.go).
+			n.log.Info("adding a server to the raft configuration", "server", node.Name, "raft", m.Raft)
+			if err := n.raft.AddNonvoter(raft.ServerID(node.Name), raft.ServerAddress(m.Raft), 0, 0).Error(); err != nil {
+				n.log.Warn("adding a server", "server", node.Name, "err", err)
+				return
+			}
 		}
 	}
 	n.mdel.mu.Lock()
@@ -351,6 +411,25 @@ func (n *Node) reconcile() {
 		}
 		voters--
 	}
+}
+
+// caughtUpNode reports whether the node gossip describes as m has applied
+// everything this leader had committed when it asked (its status, on its
+// client port), and so may vote.
+func (n *Node) caughtUpNode(m nodeMeta) bool {
+	if m.Client == "" {
+		return false
+	}
+	target := n.raft.CommitIndex()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	c, err := n.dial(ctx, m.Client)
+	if err != nil {
+		return false
+	}
+	defer c.Close()
+	st, err := c.Status(ctx)
+	return err == nil && st.AppliedIndex >= target
 }
 
 // Member describes one node of the cluster.

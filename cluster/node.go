@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"io/fs"
 	"log/slog"
 	"net"
 	"os"
@@ -300,32 +301,82 @@ func (n *Node) startRaft(created bool) error {
 		n.store.Close()
 		return fmt.Errorf("cluster: raft state: %w", err)
 	}
-	n.votes = newVoteGuard(n.trans, !hasState, raft.RPCHeader{ProtocolVersion: rc.ProtocolVersion,
-		ID: []byte(n.cfg.Name), Addr: n.trans.EncodePeer(raft.ServerID(n.cfg.Name), n.trans.LocalAddr())}, n.log)
-	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.votes)
+	fresh, done, err := n.freshness(hasState)
 	if err != nil {
 		n.trans.Close()
 		n.logs.Close()
 		n.store.Close()
+		return err
+	}
+	store := n.store
+	n.votes = newVoteGuard(n.trans, fresh, raft.RPCHeader{ProtocolVersion: rc.ProtocolVersion,
+		ID: []byte(n.cfg.Name), Addr: n.trans.EncodePeer(raft.ServerID(n.cfg.Name), n.trans.LocalAddr())}, n.log,
+		func(term, commit uint64) bool { return caughtUp(logs, snaps, term, commit) },
+		func() uint64 { t, _ := store.GetUint64([]byte("CurrentTerm")); return t }, // raft's key for it
+		done)
+	go n.votes.run()
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.votes)
+	if err != nil {
+		n.votes.Close()
+		n.logs.Close()
+		n.store.Close()
 		return fmt.Errorf("cluster: raft: %w", err)
 	}
-	r := n.raft
-	go n.votes.run(func(term, commit uint64) bool { return caughtUp(r, logs, snaps, term, commit) }, r.CurrentTerm)
 	return nil
 }
 
-// caughtUp reports whether r's log holds the entry at index commit, of
-// the given term, or r has installed a snapshot of that term (see
+// freshFile marks a data dir whose node has not caught up since it
+// started without raft state (votes.go): the first entries it gets give
+// it raft state long before it has caught up, and a restart must not end
+// its freshness.
+const freshFile = "raft-fresh"
+
+// freshness reports whether the node starts fresh (votes.go), making the
+// marker if it starts without raft state, and returns what removes it.
+func (n *Node) freshness(hasState bool) (fresh bool, done func(), err error) {
+	marker := filepath.Join(n.cfg.Dir, freshFile)
+	sync := func() error {
+		if n.cfg.Engine.NoSync {
+			return nil
+		}
+		return wal.SyncDir(n.cfg.Dir)
+	}
+	done = func() {
+		if err := os.Remove(marker); err != nil && !errors.Is(err, fs.ErrNotExist) {
+			n.log.Error("removing the fresh-node marker", "file", marker, "err", err)
+			return
+		}
+		if err := sync(); err != nil {
+			n.log.Error("syncing the data dir", "err", err)
+		}
+	}
+	if _, err := os.Stat(marker); err == nil {
+		return true, done, nil
+	}
+	if hasState {
+		return false, done, nil
+	}
+	if err := os.WriteFile(marker, []byte("this node has not caught up with a leader since it started without raft state\n"), 0o644); err != nil {
+		return false, nil, fmt.Errorf("cluster: %w", err)
+	}
+	if err := sync(); err != nil {
+		return false, nil, fmt.Errorf("cluster: data dir: %w", err)
+	}
+	return true, done, nil
+}
+
+// caughtUp reports whether the log holds the entry at index commit, of
+// the given term, or a snapshot of that term at or past commit (see
 // voteGuard).
-func caughtUp(r *raft.Raft, logs raft.LogStore, snaps raft.SnapshotStore, term, commit uint64) bool {
-	if r.LastIndex() >= commit {
+func caughtUp(logs raft.LogStore, snaps raft.SnapshotStore, term, commit uint64) bool {
+	if last, err := logs.LastIndex(); err == nil && last >= commit {
 		var l raft.Log
 		if err := logs.GetLog(commit, &l); err == nil {
 			return l.Term == term
 		}
 	}
 	metas, err := snaps.List()
-	return err == nil && len(metas) > 0 && metas[0].Term == term
+	return err == nil && len(metas) > 0 && metas[0].Term == term && metas[0].Index >= commit
 }
 
 // finishInstall finishes what a crash may have cut short when raft
