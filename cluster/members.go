@@ -50,6 +50,8 @@ type members struct {
 	all  map[string]nodeMeta // by node name, every node seen (alive or not)
 	gone map[string]goneNode // nodes gossip has found dead or left
 	kick chan struct{}       // a change the bootstrap and reconcile loops look at
+	// joined is closed once a member listed in Join has answered.
+	joined chan struct{}
 }
 
 var (
@@ -143,11 +145,12 @@ func (n *Node) startGossip() error {
 		return err
 	}
 	n.mdel = &members{
-		n:    n,
-		self: nodeMeta{Client: n.cfg.ClientAddr, Raft: n.cfg.raftAdvertise(), Gossip: n.cfg.GossipAddr, State: hasState},
-		all:  map[string]nodeMeta{},
-		gone: map[string]goneNode{},
-		kick: make(chan struct{}, 1),
+		n:      n,
+		self:   nodeMeta{Client: n.cfg.ClientAddr, Raft: n.cfg.raftAdvertise(), Gossip: n.cfg.GossipAddr, State: hasState},
+		all:    map[string]nodeMeta{},
+		gone:   map[string]goneNode{},
+		kick:   make(chan struct{}, 1),
+		joined: make(chan struct{}),
 	}
 	mc := memberlist.DefaultLANConfig()
 	if ip := net.ParseIP(host); ip != nil && ip.IsLoopback() {
@@ -234,6 +237,7 @@ func (n *Node) joinLoop() {
 		k, err := n.ml.Join(n.cfg.Join)
 		if k > 0 {
 			n.log.Info("joined the cluster's gossip", "via", n.cfg.Join, "answered", k)
+			close(n.mdel.joined)
 			return
 		}
 		// The others may start later; a wrong --join never answers.
@@ -257,6 +261,17 @@ func (n *Node) joinLoop() {
 // servers, none of them with state, see each other.
 func (n *Node) bootstrapLoop() {
 	defer n.wg.Done()
+	if len(n.cfg.Join) > 0 {
+		// Not before the members listed answer: on its own, a node
+		// sees only itself, and one that lost its data dir would
+		// bootstrap a cluster of its own (with --bootstrap-expect 1),
+		// in a term its old self had led.
+		select {
+		case <-n.mdel.joined:
+		case <-n.stop:
+			return
+		}
+	}
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -271,6 +286,11 @@ func (n *Node) bootstrapLoop() {
 		}
 		var servers []raft.Server
 		fresh := true
+		n.mdel.mu.Lock()
+		for _, m := range n.mdel.all { // dead ones too: they had state
+			fresh = fresh && !m.State
+		}
+		n.mdel.mu.Unlock()
 		for _, node := range n.ml.Members() {
 			if node.State != memberlist.StateAlive {
 				continue
@@ -409,7 +429,9 @@ func (n *Node) reconcile() {
 			n.log.Warn("removing a server", "server", id, "err", err)
 			return
 		}
-		voters--
+		if s.Suffrage == raft.Voter {
+			voters--
+		}
 	}
 }
 

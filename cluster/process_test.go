@@ -1138,3 +1138,55 @@ func TestGrowFromOneLeaderRestarts(t *testing.T) {
 		t.Fatalf("k through n1: %+v, %v", e, err)
 	}
 }
+
+// TestLostDiskSeedNodeDoesNotBootstrap: the first node of a cluster grown
+// from one (started with --bootstrap-expect 1, as a seeded cluster's is)
+// loses its data dir and comes back with its usual flags. It must join
+// the cluster it belonged to, not bootstrap one of its own: it did, at
+// once, seeing only itself before its --join was answered, led the term
+// its old self had led, and the others took its log over the acknowledged
+// one (found in review of the vote guard).
+func TestLostDiskSeedNodeDoesNotBootstrap(t *testing.T) {
+	c := clustertest.Start(t, bin(t), 1, nil)
+	n0 := c.Nodes[0]
+	c.Add(t)
+	c.Add(t)
+	ctx := ctxT(t, 2*time.Minute)
+	cl := c.Dial(t, n0)
+	eventually(t, "3 voters", 30*time.Second, func() error {
+		ms, err := cl.Members(ctx)
+		if err != nil {
+			return err
+		}
+		v := 0
+		for _, m := range ms {
+			if m.Voter {
+				v++
+			}
+		}
+		if v != 3 {
+			return fmt.Errorf("%d voters", v)
+		}
+		return nil
+	})
+	if _, err := cl.Put(ctx, []byte("k"), []byte("v"), fencekv.WriteOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	c.Kill(n0)
+	if err := os.RemoveAll(n0.Dir); err != nil {
+		t.Fatal(err)
+	}
+	n0.Extra = append(n0.Extra, "--bootstrap-expect", "1")
+	c.Restart(n0) // with --join, as always
+	waitLog(t, n0, "a member already has raft state: waiting to be added, not bootstrapping", 30*time.Second)
+	if strings.Contains(n0.Log(), "bootstrapped the cluster") {
+		t.Fatal("the node that lost its data dir bootstrapped a cluster of its own")
+	}
+	waitLog(t, n0, "caught up with the leader: this node votes again", 60*time.Second)
+	for _, nd := range c.Nodes {
+		e, err := c.Dial(t, nd).Get(ctx, []byte("k"))
+		if err != nil || string(e.Value) != "v" {
+			t.Fatalf("k through %s: %+v, %v; want the acknowledged v", nd.Name, e, err)
+		}
+	}
+}

@@ -43,7 +43,11 @@ import (
 // election's candidates. Left uncovered: a lost data dir whose node votes
 // for such a candidate, one that has heard nothing since the bootstrap
 // while the others committed (three faults at once in a cluster of
-// three).
+// three); the acknowledgements of a fresh node's appends, which still
+// count for a leader's commits, a stale leader's too (a leader paused
+// while the others elected another and committed, which then died, while
+// this node lost its disk); and a new cluster whose one bootstrapping node
+// dies before the others have caught up (they wait for it).
 
 // voteGuard is the raft transport of a node: it passes everything to and
 // from raft but the votes of a node that has not caught up.
