@@ -40,6 +40,18 @@ func inProcessCluster(t *testing.T, n int) []*Node {
 	return nodes
 }
 
+// leaderlessConfig is the config of a node on free loopback ports that
+// waits for two more nodes to bootstrap with, which never come: it never
+// has a leader.
+func leaderlessConfig(t *testing.T, name string) Config {
+	cfg := DefaultConfig()
+	cfg.Name = name
+	cfg.Dir = t.TempDir()
+	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
+	cfg.BootstrapExpect = 3
+	return cfg
+}
+
 // serveNode opens a node with cfg (without fsync) and serves the protocol
 // on its client address until the test ends.
 func serveNode(t *testing.T, cfg Config) *Node {

@@ -82,11 +82,7 @@ func TestWrongJoinWarned(t *testing.T) {
 	joinWarnAfter = 100 * time.Millisecond
 	t.Cleanup(func() { joinWarnAfter = after })
 	rec := &records{}
-	cfg := DefaultConfig()
-	cfg.Name = "lonely"
-	cfg.Dir = t.TempDir()
-	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
-	cfg.BootstrapExpect = 3
+	cfg := leaderlessConfig(t, "lonely")
 	cfg.Join = []string{clustertest.FreeAddr(t)} // nothing there
 	cfg.Engine.Logger = slog.New(rec)
 	serveNode(t, cfg)

@@ -203,16 +203,22 @@ func (n *Node) advertiseState() {
 		if n.raft.LastIndex() == 0 {
 			continue
 		}
-		n.mdel.mu.Lock()
-		had := n.mdel.self.State
-		n.mdel.self.State = true
-		n.mdel.mu.Unlock()
-		if !had {
-			if err := n.ml.UpdateNode(time.Second); err != nil {
-				n.log.Warn("gossip update", "err", err)
-			}
-		}
+		n.hasState()
 		return
+	}
+}
+
+// hasState tells gossip that this node has raft state, if it has not yet.
+func (n *Node) hasState() {
+	n.mdel.mu.Lock()
+	had := n.mdel.self.State
+	n.mdel.self.State = true
+	n.mdel.mu.Unlock()
+	if had {
+		return
+	}
+	if err := n.ml.UpdateNode(time.Second); err != nil {
+		n.log.Warn("gossip update", "err", err)
 	}
 }
 
@@ -319,12 +325,7 @@ func (n *Node) bootstrapLoop() {
 			n.votes.bootstrapped() // not on ErrCantBootstrap: it had state already
 		}
 		n.log.Info("bootstrapped the cluster", "servers", len(servers))
-		n.mdel.mu.Lock()
-		n.mdel.self.State = true
-		n.mdel.mu.Unlock()
-		if err := n.ml.UpdateNode(time.Second); err != nil {
-			n.log.Warn("gossip update", "err", err)
-		}
+		n.hasState()
 		return
 	}
 }

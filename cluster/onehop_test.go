@@ -82,11 +82,7 @@ func TestForwardedNotForwardedAgain(t *testing.T) {
 // timeout: held, it could be applied after the node that forwarded it had
 // answered its client, if this node won the next election.
 func TestForwardedToNodeWithoutLeader(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Name = "alone"
-	cfg.Dir = t.TempDir()
-	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
-	cfg.BootstrapExpect = 3 // waits for two more that never come: no leader
+	cfg := leaderlessConfig(t, "alone")
 	cfg.HoldTimeout = 20 * time.Second
 	serveNode(t, cfg)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -181,11 +177,7 @@ func dialForwarder(t *testing.T, ctx context.Context, addr string) *wire.Client 
 // that waited for a leader, was sent to one that could not be reached,
 // and waited again took up to twice the hold timeout (found in review).
 func TestHoldTimeoutBoundsAllWaits(t *testing.T) {
-	cfg := DefaultConfig()
-	cfg.Name = "alone"
-	cfg.Dir = t.TempDir()
-	cfg.ClientAddr, cfg.RaftAddr, cfg.GossipAddr = clustertest.FreeAddr(t), clustertest.FreeAddr(t), clustertest.FreeAddr(t)
-	cfg.BootstrapExpect = 3 // waits for two more that never come: no leader
+	cfg := leaderlessConfig(t, "alone")
 	cfg.HoldTimeout = 3 * time.Second
 	nd := serveNode(t, cfg)
 	gone := clustertest.FreeAddr(t) // nothing listens: a leader that cannot be reached

@@ -444,22 +444,7 @@ func TestLateNodeCatchesUpBySnapshot(t *testing.T) {
 		t.Fatalf("lock L on the late node = %+v, %v; want held by %d", in, err, l.Token)
 	}
 	// It joined as a non-voter, and votes once it has caught up.
-	eventually(t, "the late node to be promoted", 30*time.Second, func() error {
-		ms, err := ncl.Members(ctx)
-		if err != nil {
-			return err
-		}
-		voters := 0
-		for _, m := range ms {
-			if m.Voter {
-				voters++
-			}
-		}
-		if voters != 4 {
-			return fmt.Errorf("members = %+v; want 4 voters", ms)
-		}
-		return nil
-	})
+	eventuallyVoters(t, "the late node to be promoted", ncl, 4)
 }
 
 // TestInterruptedSnapshotInstall: a follower killed -9 while it installs
@@ -661,22 +646,7 @@ func TestBootstrapAnyOrder(t *testing.T) {
 		}
 		// (A node bootstrap did not include joins as a non-voter, and
 		// votes once caught up.)
-		eventually(t, nd.Name+" to see 3 voters", 30*time.Second, func() error {
-			ms, err := cl.Members(ctx)
-			if err != nil {
-				return err
-			}
-			voters := 0
-			for _, m := range ms {
-				if m.Voter {
-					voters++
-				}
-			}
-			if voters != 3 {
-				return fmt.Errorf("%s sees %d voters: %+v", nd.Name, voters, ms)
-			}
-			return nil
-		})
+		eventuallyVoters(t, nd.Name+" to see 3 voters", cl, 3)
 	}
 }
 
@@ -1041,6 +1011,27 @@ func TestLostDataDirDoesNotVote(t *testing.T) {
 	checkKept("after the next leader died")
 }
 
+// eventuallyVoters waits until the node cl reaches counts want voters.
+func eventuallyVoters(t *testing.T, what string, cl *wire.Client, want int) {
+	t.Helper()
+	eventually(t, what, 30*time.Second, func() error {
+		ms, err := cl.Members(context.Background())
+		if err != nil {
+			return err
+		}
+		voters := 0
+		for _, m := range ms {
+			if m.Voter {
+				voters++
+			}
+		}
+		if voters != want {
+			return fmt.Errorf("%d voters, want %d: %+v", voters, want, ms)
+		}
+		return nil
+	})
+}
+
 // waitLog waits until nd's log has s.
 func waitLog(t *testing.T, nd *clustertest.Node, s string, within time.Duration) {
 	t.Helper()
@@ -1153,22 +1144,7 @@ func TestLostDiskSeedNodeDoesNotBootstrap(t *testing.T) {
 	c.Add(t)
 	ctx := ctxT(t, 2*time.Minute)
 	cl := c.Dial(t, n0)
-	eventually(t, "3 voters", 30*time.Second, func() error {
-		ms, err := cl.Members(ctx)
-		if err != nil {
-			return err
-		}
-		v := 0
-		for _, m := range ms {
-			if m.Voter {
-				v++
-			}
-		}
-		if v != 3 {
-			return fmt.Errorf("%d voters", v)
-		}
-		return nil
-	})
+	eventuallyVoters(t, "3 voters", cl, 3)
 	if _, err := cl.Put(ctx, []byte("k"), []byte("v"), fencekv.WriteOptions{}); err != nil {
 		t.Fatal(err)
 	}

@@ -179,13 +179,10 @@ func rvWait(t *testing.T, what string, within time.Duration, ok func() bool) {
 	t.Fatalf("timed out waiting for %s", what)
 }
 
-// setup: leader L, A lagging (stopped before X), X committed on L and B,
-// B's data lost; B restarted fresh, and its catch-up from L stops before
-// index limit(x).
-func rvSetup(t *testing.T, limit func(x uint64) uint64) (nodes []*rvNode, L, A, B *rvNode, x uint64) {
-	nodes = rvGroup(t)
-	L = rvLeader(t, nodes, 10*time.Second)
-	if L == nil {
+// rvRoles waits for the group's leader L, and names the others A and B.
+func rvRoles(t *testing.T, nodes []*rvNode) (L, A, B *rvNode) {
+	t.Helper()
+	if L = rvLeader(t, nodes, 10*time.Second); L == nil {
 		t.Fatal("no leader")
 	}
 	var others []*rvNode
@@ -194,7 +191,32 @@ func rvSetup(t *testing.T, limit func(x uint64) uint64) (nodes []*rvNode, L, A, 
 			others = append(others, nd)
 		}
 	}
-	A, B = others[0], others[1]
+	return L, others[0], others[1]
+}
+
+// rvNoLeaderWithout fails the test if A and B, without L (stopped), elect
+// a leader whose log lacks L's acknowledged entry x.
+func rvNoLeaderWithout(t *testing.T, L, A, B *rvNode, x uint64) {
+	t.Helper()
+	nl := rvLeader(t, []*rvNode{A, B}, 5*time.Second)
+	if nl == nil {
+		return // safe: no leader without L
+	}
+	rvApply(t, nl, 1)
+	var e, orig raft.Log
+	L.logs.GetLog(x, &orig)
+	if err := nl.logs.GetLog(x, &e); err != nil || e.Term != orig.Term || e.Type != orig.Type {
+		t.Errorf("%s leads (B fresh=%v); L's acknowledged entry %d (term %d %v) is now %+v, %v: LOST",
+			nl.id, B.g.isFresh(), x, orig.Term, orig.Type, e, err)
+	}
+}
+
+// setup: leader L, A lagging (stopped before X), X committed on L and B,
+// B's data lost; B restarted fresh, and its catch-up from L stops before
+// index limit(x).
+func rvSetup(t *testing.T, limit func(x uint64) uint64) (nodes []*rvNode, L, A, B *rvNode, x uint64) {
+	nodes = rvGroup(t)
+	L, A, B = rvRoles(t, nodes)
 	base := rvApply(t, L, 10)
 	rvWait(t, "A has the first writes", 5*time.Second, func() bool { return A.r.AppliedIndex() >= base })
 	A.stop()
@@ -225,18 +247,7 @@ func TestFreshNodeDoesNotCampaign(t *testing.T) {
 	L.stop()
 	B.logs.limit.Store(0)
 	A.start(t)
-	nl := rvLeader(t, []*rvNode{A, B}, 5*time.Second)
-	if nl == nil {
-		return // safe: no leader without L
-	}
-	rvApply(t, nl, 1)
-	var e raft.Log
-	if err := nl.logs.GetLog(x, &e); err == nil {
-		var orig raft.Log
-		L.logs.GetLog(x, &orig)
-		t.Errorf("%s (fresh=%v) leads; entry %d is now term %d type %v; L's acknowledged entry %d was term %d type %v: LOST",
-			nl.id, nl.g.isFresh(), x, e.Term, e.Type, x, orig.Term, orig.Type)
-	}
+	rvNoLeaderWithout(t, L, A, B, x)
 }
 
 // TestFreshAcrossRestart: a fresh node restarted before it caught up has
@@ -251,16 +262,7 @@ func TestFreshAcrossRestart(t *testing.T) {
 	t.Logf("B restarted: fresh=%v", B.fresh)
 	L.stop()
 	A.start(t)
-	nl := rvLeader(t, []*rvNode{A, B}, 5*time.Second)
-	if nl == nil {
-		return // safe: no leader without L
-	}
-	rvApply(t, nl, 1)
-	var e, orig raft.Log
-	L.logs.GetLog(x, &orig)
-	if err := nl.logs.GetLog(x, &e); err != nil || e.Term != orig.Term {
-		t.Errorf("%s leads without L's acknowledged entry %d (term %d): its entry there %+v, %v: LOST", nl.id, x, orig.Term, e, err)
-	}
+	rvNoLeaderWithout(t, L, A, B, x)
 }
 
 // TestFreshSnapshotShortOfCommit: the fresh node installs a snapshot of
@@ -268,15 +270,7 @@ func TestFreshAcrossRestart(t *testing.T) {
 // its catch-up stops there (L dies): it has not caught up, and must not
 // vote for A, which has more than the snapshot but lacks X.
 func TestFreshSnapshotShortOfCommit(t *testing.T) {
-	nodes := rvGroup(t)
-	L := rvLeader(t, nodes, 10*time.Second)
-	var others []*rvNode
-	for _, nd := range nodes {
-		if nd != L {
-			others = append(others, nd)
-		}
-	}
-	A, B := others[0], others[1]
+	L, A, B := rvRoles(t, rvGroup(t))
 	rvApply(t, L, 10)
 	if err := L.r.Snapshot().Error(); err != nil {
 		t.Fatal(err)
@@ -292,19 +286,13 @@ func TestFreshSnapshotShortOfCommit(t *testing.T) {
 	B.wipe()
 	B.logs.limit.Store(s + 1) // its catch-up stops right after the snapshot
 	B.start(t)
-	rvWait(t, "B installs the snapshot", 10*time.Second, func() bool { return B.r.LastIndex() >= s })
-	time.Sleep(200 * time.Millisecond)
+	rvWait(t, "B installs the snapshot, and hears of L's commit index past it", 10*time.Second, func() bool {
+		B.g.mu.Lock()
+		defer B.g.mu.Unlock()
+		return B.r.LastIndex() >= s && B.g.commit > s
+	})
 	L.stop()
 	B.logs.limit.Store(0)
 	A.start(t)
-	nl := rvLeader(t, []*rvNode{A, B}, 5*time.Second)
-	if nl == nil {
-		return // safe: no leader without L
-	}
-	rvApply(t, nl, 1)
-	var e, orig raft.Log
-	L.logs.GetLog(x, &orig)
-	if err := nl.logs.GetLog(x, &e); err != nil || e.Term != orig.Term || e.Type != orig.Type {
-		t.Errorf("%s leads (B fresh=%v); L's acknowledged entry %d (term %d %v) is now %+v, %v: LOST", nl.id, B.g.isFresh(), x, orig.Term, orig.Type, e, err)
-	}
+	rvNoLeaderWithout(t, L, A, B, x)
 }
