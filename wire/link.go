@@ -6,6 +6,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"os"
 	"sync"
@@ -27,9 +28,10 @@ import (
 // a caller still waiting. A lone caller so wakes straight from the socket,
 // with no goroutine switch between it and its answer.
 type link struct {
-	cl   *Client  // whose goroutines the watch counts (see watch)
-	nc   net.Conn // the connection the protocol is spoken on
-	raw  net.Conn // the TCP connection under it (the same, without TLS): probed when idle
+	cl   *Client       // whose goroutines the watch counts (see watch)
+	nc   net.Conn      // the connection the protocol is spoken on
+	rw   io.ReadWriter // how nc is read and written (see streamOf)
+	raw  net.Conn      // the TCP connection under it (the same, without TLS): probed when idle
 	addr string
 
 	dead atomic.Bool  // err is set: the connection is broken or closed
@@ -86,13 +88,15 @@ func newLink(cl *Client, nc, raw net.Conn, addr string) *link {
 	if tc, ok := raw.(*net.TCPConn); ok {
 		tc.SetNoDelay(true)
 	}
+	rw := streamOf(nc)
 	cn := &link{
 		cl:      cl,
 		nc:      nc,
+		rw:      rw,
 		raw:     raw,
 		addr:    addr,
 		enc:     newEncoder(),
-		br:      bufio.NewReaderSize(nc, 64<<10),
+		br:      bufio.NewReaderSize(rw, 64<<10),
 		pending: make(map[uint32]*call),
 	}
 	cn.dec = msgpack.NewDecoder(cn.br)
@@ -529,7 +533,7 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 		e.buf.Truncate(mark) // nothing of it has left: take it back
 	}
 	if last && e.buf.Len() > 0 {
-		_, werr := cn.nc.Write(e.buf.Bytes())
+		_, werr := cn.rw.Write(e.buf.Bytes())
 		e.buf.Reset()
 		if e.buf.Cap() > maxKeptRequests {
 			e.buf = bytes.Buffer{} // after a large value, do not keep its room

@@ -1,0 +1,12 @@
+//go:build !linux
+
+package wire
+
+import (
+	"io"
+	"net"
+)
+
+// streamOf returns what a link reads and writes nc through: nc itself
+// (rawStream is Linux's).
+func streamOf(nc net.Conn) io.ReadWriter { return nc }
