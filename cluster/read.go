@@ -48,12 +48,14 @@ type verifier struct {
 	closed  bool
 }
 
-// peer is a connection to another voter's client address.
+// peer is a connection to another voter's client address, and its asks
+// (see send). Guarded by the verifier's mu.
 type peer struct {
-	addr   string
-	c      *wire.Client
-	busy   bool // an ask is waiting for its answer (guarded by the verifier's mu)
-	broken bool // the ask's call failed: drop the connection
+	addr     string
+	c        *wire.Client
+	busy     bool         // an ask is waiting for its answer
+	next     chan<- error // the round waiting for the next ask, if any
+	nextTerm uint64       // the term that round confirms
 }
 
 // confirmed is a round's outcome: the term it confirmed, or why not.
@@ -74,9 +76,17 @@ func (v *verifier) verify(ctx context.Context) (uint64, error) {
 		go v.run()
 	}
 	v.mu.Unlock()
+	// A round waits for each voter's ask in flight before it asks again
+	// (send), so it can take up to twice the hold timeout when both are
+	// unreachable; the read is answered unavailable after one. Not what is
+	// left of the request's hold (see awaitApplied).
+	timer := time.NewTimer(v.n.cfg.HoldTimeout)
+	defer timer.Stop()
 	select {
 	case c := <-ch:
 		return c.term, c.err
+	case <-timer.C:
+		return 0, fmt.Errorf("no voter confirmed it within the hold timeout (%v)", v.n.cfg.HoldTimeout)
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
@@ -131,7 +141,7 @@ func (v *verifier) round() (uint64, error) {
 		// the hold timeout), so the channel has room for all.
 		answers := make(chan error, len(others))
 		for _, id := range others {
-			go func() { answers <- v.ask(id, term) }()
+			v.send(id, term, answers)
 		}
 		var errs []error
 		for need > 0 {
@@ -157,36 +167,114 @@ func (v *verifier) round() (uint64, error) {
 // this node knows it.
 var errDeposed = errors.New("a newer term")
 
-// ask confirms term with voter id: its term, asked now, is no newer. A
-// voter is asked once at a time: while an ask is unanswered (the voter
-// paused, say), later rounds count it as not confirming instead of piling
-// more asks on it; one unanswered for the hold timeout drops the
-// connection.
-func (v *verifier) ask(id raft.ServerID, term uint64) error {
-	p, err := v.peer(id)
-	if err != nil {
-		return err
+// send asks voter id to confirm term, with an ask sent from now on; its
+// outcome goes to answers. A voter is asked once at a time: while an ask
+// is unanswered, the round waits for the next one, sent as that ask ends
+// (a voter paused, say, holds it up for at most the hold timeout, which
+// drops the connection). Rounds run one after another, so a voter has
+// at most one round waiting: a later round's takes the place of an
+// earlier one, already over. An ask left over from a round that ended
+// without it only delays the next round's: it can never answer for it,
+// nor make it fail (it did, when the stale ask held the voter as the
+// next round looked: under load, with both voters so held, linearizable
+// gets failed unavailable in a healthy cluster).
+func (v *verifier) send(id raft.ServerID, term uint64, answers chan<- error) {
+	v.mu.Lock()
+	if v.closed {
+		v.mu.Unlock()
+		answers <- errClosed
+		return
 	}
-	defer v.done(id, p)
+	p := v.peers[id]
+	if p == nil {
+		p = &peer{}
+		if v.peers == nil {
+			v.peers = make(map[raft.ServerID]*peer)
+		}
+		v.peers[id] = p
+	}
+	if p.busy {
+		p.next, p.nextTerm = answers, term
+		v.mu.Unlock()
+		return
+	}
+	p.busy = true
+	v.mu.Unlock()
+	go v.asks(id, p, term, answers)
+}
+
+// asks asks voter id, then the round waiting for the next ask, if any,
+// until none waits. It holds p's busy mark.
+func (v *verifier) asks(id raft.ServerID, p *peer, term uint64, answers chan<- error) {
+	for {
+		answers <- v.ask(id, p, term)
+		v.mu.Lock()
+		if v.closed {
+			next := p.next
+			p.busy, p.next = false, nil
+			if p.c != nil {
+				p.c.Close()
+				p.c = nil
+			}
+			v.mu.Unlock()
+			if next != nil {
+				next <- errClosed
+			}
+			return
+		}
+		if p.next == nil {
+			p.busy = false
+			v.mu.Unlock()
+			return
+		}
+		answers, term = p.next, p.nextTerm
+		p.next = nil
+		v.mu.Unlock()
+	}
+}
+
+// ask confirms term with voter id: its term, asked now, is no newer. It
+// dials the voter's client address (gossip gives it) if p has no
+// connection to it; a failed call drops the connection, so the next ask
+// redials. Called by the holder of p's busy mark.
+func (v *verifier) ask(id raft.ServerID, p *peer, term uint64) error {
+	m, ok := v.n.mdel.meta(string(id))
+	if !ok || m.Client == "" {
+		return fmt.Errorf("%s: gossip knows no address for it", id)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), v.n.cfg.HoldTimeout)
 	defer cancel()
-	if p.c == nil { // only the busy ask uses p.c
-		c, err := v.n.dial(ctx, p.addr)
-		if err != nil {
-			p.broken = true
+	v.mu.Lock()
+	if p.c != nil && p.addr != m.Client {
+		p.c.Close()
+		p.c = nil
+	}
+	c := p.c
+	v.mu.Unlock()
+	if c == nil {
+		var err error
+		if c, err = v.n.dial(ctx, m.Client); err != nil {
 			return fmt.Errorf("%s: %w", id, err)
 		}
 		v.mu.Lock()
-		p.c = c
 		closed := v.closed
+		if !closed {
+			p.c, p.addr = c, m.Client
+		}
 		v.mu.Unlock()
 		if closed {
-			return errClosed // done closes c
+			c.Close()
+			return errClosed
 		}
 	}
-	t, err := p.c.Term(ctx)
+	t, err := c.Term(ctx)
 	if err != nil {
-		p.broken = true
+		v.mu.Lock()
+		if p.c == c {
+			p.c = nil
+		}
+		v.mu.Unlock()
+		c.Close()
 		return fmt.Errorf("%s: %w", id, err)
 	}
 	if t > term {
@@ -195,62 +283,12 @@ func (v *verifier) ask(id raft.ServerID, term uint64) error {
 	return nil
 }
 
-// peer returns voter id's connection, dialing one to its client address
-// (gossip gives it) if there is none, marked busy; or an error if it is
-// busy with an earlier ask.
-func (v *verifier) peer(id raft.ServerID) (*peer, error) {
-	m, ok := v.n.mdel.meta(string(id))
-	if !ok || m.Client == "" {
-		return nil, fmt.Errorf("%s: gossip knows no address for it", id)
-	}
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	if v.closed {
-		return nil, errClosed
-	}
-	p := v.peers[id]
-	if p != nil && p.busy {
-		return nil, fmt.Errorf("%s has not answered the last round yet", id)
-	}
-	if p != nil && p.addr != m.Client {
-		if p.c != nil {
-			p.c.Close()
-		}
-		p = nil
-	}
-	if p == nil {
-		p = &peer{addr: m.Client} // the ask dials
-		if v.peers == nil {
-			v.peers = make(map[raft.ServerID]*peer)
-		}
-		v.peers[id] = p
-	}
-	p.busy = true
-	return p, nil
-}
-
-// done ends an ask on p; a connection that failed is dropped, so the next
-// ask redials.
-func (v *verifier) done(id raft.ServerID, p *peer) {
-	v.mu.Lock()
-	defer v.mu.Unlock()
-	p.busy = false
-	if p.broken || v.closed {
-		if p.c != nil {
-			p.c.Close()
-		}
-		if v.peers[id] == p {
-			delete(v.peers, id)
-		}
-	}
-}
-
 func (v *verifier) close() {
 	v.mu.Lock()
 	defer v.mu.Unlock()
 	v.closed = true
 	for id, p := range v.peers {
-		if p.c != nil && !p.busy { // a busy ask's done closes its own
+		if p.c != nil && !p.busy { // a busy peer's asks close their own
 			p.c.Close()
 		}
 		delete(v.peers, id)
