@@ -36,9 +36,14 @@ type rawStream struct {
 	wn      int
 	werr    error
 	writeFn func(fd uintptr) bool
+	vbufs   *net.Buffers
+	iov     []syscall.Iovec
+	vn      int64
+	vecFn   func(fd uintptr) bool
 }
 
-// streamOf returns what a link reads and writes nc through: a rawStream
+// streamOf returns what a link (or a server's connection served by a
+// goroutine) reads and writes nc through: a rawStream
 // for a plain TCP connection, nc itself otherwise (TLS).
 func streamOf(nc net.Conn) io.ReadWriter {
 	tc, ok := nc.(*net.TCPConn)
@@ -50,7 +55,7 @@ func streamOf(nc net.Conn) io.ReadWriter {
 		return nc
 	}
 	s := &rawStream{rc: rc}
-	s.readFn, s.writeFn = s.read1, s.write1
+	s.readFn, s.writeFn, s.vecFn = s.read1, s.write1, s.writev1
 	return s
 }
 
@@ -124,4 +129,71 @@ func (s *rawStream) write1(fd uintptr) bool {
 		}
 	}
 	return true
+}
+
+// writeBuffers writes bufs with writev, consuming what it wrote, as
+// net.Buffers.WriteTo does on a net.Conn (see buffersWriter).
+func (s *rawStream) writeBuffers(bufs *net.Buffers) (int64, error) {
+	s.vbufs, s.vn, s.werr = bufs, 0, nil
+	err := s.rc.Write(s.vecFn)
+	s.vbufs = nil
+	clear(s.iov)
+	n := s.vn
+	switch {
+	case err != nil:
+		return n, err
+	case s.werr != nil:
+		return n, &net.OpError{Op: "writev", Net: "tcp", Err: os.NewSyscallError("writev", s.werr)}
+	}
+	return n, nil
+}
+
+// writev1 writes what is left of vbufs; it returns false if the socket's
+// buffer is full.
+func (s *rawStream) writev1(fd uintptr) bool {
+	for len(*s.vbufs) > 0 {
+		iov := s.iov[:0]
+		for _, b := range *s.vbufs {
+			if len(b) == 0 {
+				continue
+			}
+			iov = append(iov, syscall.Iovec{Base: &b[0]})
+			iov[len(iov)-1].SetLen(len(b))
+			if len(iov) == maxIovecs {
+				break
+			}
+		}
+		s.iov = iov
+		if len(iov) == 0 {
+			*s.vbufs = (*s.vbufs)[:0]
+			return true
+		}
+		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		switch errno {
+		case 0:
+			s.vn += int64(n)
+			consume(s.vbufs, int64(n))
+		case syscall.EAGAIN:
+			return false
+		case syscall.EINTR:
+		default:
+			s.werr = errno
+			return true
+		}
+	}
+	return true
+}
+
+// consume drops the first n bytes of v.
+func consume(v *net.Buffers, n int64) {
+	for len(*v) > 0 {
+		first := int64(len((*v)[0]))
+		if first > n {
+			(*v)[0] = (*v)[0][n:]
+			return
+		}
+		n -= first
+		(*v)[0] = nil
+		*v = (*v)[1:]
+	}
 }

@@ -138,3 +138,65 @@ func TestRawStreamWriteAfterReset(t *testing.T) {
 		t.Fatalf("Write after a reset = %v, want a *net.OpError with ECONNRESET or EPIPE", err)
 	}
 }
+
+// writeBuffers writes more buffers than one writev takes, through full
+// socket buffers, in order, and consumes them all.
+func TestRawStreamWriteBuffers(t *testing.T) {
+	c, s := tcpPair(t)
+	c.SetWriteBuffer(32 << 10)
+	s.SetReadBuffer(32 << 10)
+	rs := streamOf(c).(*rawStream)
+	var bufs net.Buffers
+	var want bytes.Buffer
+	for i := 0; i < 3*maxIovecs; i++ {
+		b := bytes.Repeat([]byte{byte(i)}, 1+i%700)
+		if i%97 == 0 {
+			b = nil // empty buffers are skipped
+		}
+		bufs = append(bufs, b)
+		want.Write(b)
+	}
+	got := make(chan []byte, 1)
+	go func() {
+		b, _ := io.ReadAll(s)
+		got <- b
+	}()
+	n, err := rs.writeBuffers(&bufs)
+	if err != nil || n != int64(want.Len()) || len(bufs) != 0 {
+		t.Fatalf("writeBuffers = %d, %v, %d buffers left; want %d, nil, 0", n, err, len(bufs), want.Len())
+	}
+	c.CloseWrite()
+	if b := <-got; !bytes.Equal(b, want.Bytes()) {
+		t.Fatalf("the server read %d bytes, not the %d written (or not the same)", len(b), want.Len())
+	}
+}
+
+// A write the peer does not read ends at the write deadline, with what
+// was written counted (the server's WriteTimeout relies on it).
+func TestRawStreamWriteDeadline(t *testing.T) {
+	c, _ := tcpPair(t)
+	c.SetWriteBuffer(32 << 10)
+	rs := streamOf(c).(*rawStream)
+	big := make([]byte, 64<<20)
+	c.SetWriteDeadline(time.Now().Add(500 * time.Millisecond))
+	n, err := rs.Write(big)
+	if !errors.Is(err, os.ErrDeadlineExceeded) || n <= 0 || n >= len(big) {
+		t.Fatalf("Write to a peer that reads nothing = %d, %v; want part of it, os.ErrDeadlineExceeded", n, err)
+	}
+	bufs := net.Buffers{big}
+	if _, err := rs.writeBuffers(&bufs); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("writeBuffers past the deadline = %v, want os.ErrDeadlineExceeded", err)
+	}
+}
+
+func TestConsume(t *testing.T) {
+	v := net.Buffers{[]byte("ab"), []byte("cde"), []byte("f")}
+	consume(&v, 3)
+	if len(v) != 2 || string(v[0]) != "de" || string(v[1]) != "f" {
+		t.Fatalf("after consuming 3: %q", v)
+	}
+	consume(&v, 3)
+	if len(v) != 0 {
+		t.Fatalf("after consuming all: %q", v)
+	}
+}

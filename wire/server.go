@@ -6,6 +6,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"os"
@@ -396,6 +397,9 @@ func (s *Server) forget(c *conn) {
 type conn struct {
 	s  *Server
 	nc net.Conn
+	// rw is how a connection served by a goroutine is read and written
+	// (see streamOf); set before its read loop starts.
+	rw io.ReadWriter
 	// waits is cancelled when the connection stops reading (it closed, or
 	// the server is shutting down): it ends the connection's blocked
 	// acquires. Other requests are not cancelled: once read, they are
@@ -513,6 +517,7 @@ func (c *conn) serve() {
 		c.s.forget(c)
 		return
 	}
+	c.rw = streamOf(c.nc)
 	c.readLoop()
 	c.end()
 }
@@ -536,7 +541,7 @@ func (c *conn) end() {
 }
 
 func (c *conn) readLoop() {
-	fr := newFrameReader(c.nc, c.s.cfg.MaxMessageSize)
+	fr := newFrameReader(c.rw, c.s.cfg.MaxMessageSize)
 	dec := msgpack.NewDecoder(nil)
 	last := 0 // the size of the previous message
 	for {
@@ -915,6 +920,12 @@ func (c *conn) write(e *encoder, slot bool, held int64, later bool) {
 	c.flush(batch)
 }
 
+// buffersWriter is a stream that writes several buffers in one system
+// call (rawStream), as net.Buffers.WriteTo does on a *net.TCPConn.
+type buffersWriter interface {
+	writeBuffers(*net.Buffers) (int64, error)
+}
+
 // flush writes batch, then whatever was queued meanwhile, until the queue
 // is empty; then it gives up the flusher's role. Only the flusher touches
 // vec and out. Each write to the socket gets the write timeout: a client that
@@ -929,14 +940,18 @@ func (c *conn) flush(batch []*encoder) {
 		c.nc.SetWriteDeadline(time.Now().Add(c.s.cfg.WriteTimeout))
 		var err error
 		if len(batch) == 1 {
-			_, err = c.nc.Write(batch[0].buf.Bytes())
+			_, err = c.rw.Write(batch[0].buf.Bytes())
 		} else {
 			vec := c.vec[:0]
 			for _, e := range batch {
 				vec = append(vec, e.buf.Bytes())
 			}
 			c.vec, c.out = vec, vec
-			_, err = c.out.WriteTo(c.nc) // one writev for the whole batch
+			if bw, ok := c.rw.(buffersWriter); ok {
+				_, err = bw.writeBuffers(&c.out) // one writev for the whole batch
+			} else {
+				_, err = c.out.WriteTo(c.rw)
+			}
 			clear(vec)
 		}
 		batch = c.flushed(batch, err)
