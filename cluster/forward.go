@@ -14,9 +14,10 @@ import (
 // speak.
 type forwarder struct {
 	n      *Node
-	mu     sync.Mutex // guards c, addr, closed
+	mu     sync.Mutex // guards c, addr, leader, closed
 	c      *wire.Client
 	addr   string
+	leader string // the leader's client address raft last named ("" none, or this node)
 	closed bool
 }
 
@@ -71,6 +72,7 @@ func (n *Node) dial(ctx context.Context, addr string) (*wire.Client, error) {
 func (f *forwarder) leaderChanged(addr string) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	f.leader = addr
 	if f.c != nil && f.addr != addr {
 		f.c.Close()
 		f.c = nil

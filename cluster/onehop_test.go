@@ -115,6 +115,20 @@ func TestRouteAfterNotLeader(t *testing.T) {
 		}
 	}
 	f, g := followers[0], followers[1]
+	// f's forwarder drops its connection to g when it hears that the
+	// leader is another node: let it hear that first, or the stale
+	// forward below may be cut short by it.
+	for deadline := time.Now().Add(30 * time.Second); ; time.Sleep(10 * time.Millisecond) {
+		f.fwd.mu.Lock()
+		heard := f.fwd.leader
+		f.fwd.mu.Unlock()
+		if heard == leader.cfg.ClientAddr {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("follower %s never heard that %s leads", f.cfg.Name, leader.cfg.Name)
+		}
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	acquire := func(c *wire.Client) (fencekv.Lease, error) {
