@@ -10,8 +10,8 @@ import (
 	"unsafe"
 )
 
-// rawStream reads and writes a client's plain TCP connection with raw
-// system calls: the socket is non-blocking, so a read or write never
+// rawStream reads and writes a plain TCP connection (a client's link, or
+// a server's connection served by a goroutine) with raw system calls: the socket is non-blocking, so a read or write never
 // blocks in the kernel, and when it would, the runtime's poller waits
 // for the socket as it does for net.Conn (syscall.RawConn), deadlines
 // included. What it saves is the runtime's bookkeeping around a system
@@ -25,13 +25,15 @@ import (
 type rawStream struct {
 	rc syscall.RawConn
 
-	// The read side, used by the link's reader alone.
+	// The read side, used by one reader at a time (the link's reader, or
+	// the connection's read loop).
 	rbuf   []byte
 	rn     int
 	rerr   error
 	readFn func(fd uintptr) bool
 
-	// The write side, used under the link's wmu.
+	// The write side, used by one writer at a time (under the link's wmu,
+	// or the connection's flusher).
 	wbuf    []byte
 	wn      int
 	werr    error
@@ -43,8 +45,8 @@ type rawStream struct {
 }
 
 // streamOf returns what a link (or a server's connection served by a
-// goroutine) reads and writes nc through: a rawStream
-// for a plain TCP connection, nc itself otherwise (TLS).
+// goroutine) reads and writes nc through: a rawStream for a plain TCP
+// connection, nc itself otherwise (TLS).
 func streamOf(nc net.Conn) io.ReadWriter {
 	tc, ok := nc.(*net.TCPConn)
 	if !ok {
