@@ -139,7 +139,7 @@ func (s *rawStream) writeBuffers(bufs *net.Buffers) (int64, error) {
 	s.vbufs, s.vn, s.werr = bufs, 0, nil
 	err := s.rc.Write(s.vecFn)
 	s.vbufs = nil
-	clear(s.iov)
+	clear(s.iov[:cap(s.iov)]) // every pass's iovecs: keep no answer alive
 	n := s.vn
 	switch {
 	case err != nil:
