@@ -144,14 +144,15 @@ func (v *verifier) round() (uint64, error) {
 			v.send(id, term, answers)
 		}
 		var errs []error
-		for need > 0 {
+		for left := len(others); need > 0; {
 			err := <-answers
+			left-- // voters yet to answer
 			if err == nil {
 				need--
 				continue
 			}
 			errs = append(errs, err)
-			if len(others)-len(errs) < need {
+			if left < need {
 				return 0, fmt.Errorf("%d of %d voters did not confirm: %w", len(errs), voters, errors.Join(errs...))
 			}
 		}
