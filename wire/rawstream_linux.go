@@ -11,15 +11,16 @@ import (
 )
 
 // rawStream reads and writes a plain TCP connection (a client's link, or
-// a server's connection served by a goroutine) with raw system calls: the socket is non-blocking, so a read or write never
-// blocks in the kernel, and when it would, the runtime's poller waits
-// for the socket as it does for net.Conn (syscall.RawConn), deadlines
-// included. What it saves is the runtime's bookkeeping around a system
-// call that may block: entering and leaving it (the goroutine's P is
-// marked as in a system call, and taken back on return), and the monitor
-// thread that hands a P left in a system call to another thread, waking
-// it. On a loopback connection a write runs the receiving side's network
-// stack too, long enough for the monitor to take the P over; with 16
+// a server's connection served by a goroutine) with raw system calls:
+// the socket is non-blocking, so a read or write never blocks in the
+// kernel, and when it would, the runtime's poller waits for the socket
+// as it does for net.Conn (syscall.RawConn), deadlines included. What it
+// saves is the runtime's bookkeeping around a system call that may
+// block: entering and leaving it (the goroutine's P is marked as in a
+// system call, and taken back on return), and the monitor thread that
+// hands a P left in a system call to another thread, waking it. On a
+// loopback connection a write runs the receiving side's network stack
+// too, long enough for the monitor to take the P over; with 16
 // closed-loop callers that monitor and its hand-offs were about a sixth
 // of the client's CPU per get.
 type rawStream struct {
