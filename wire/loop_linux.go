@@ -409,6 +409,20 @@ func readRaw(fd int, b []byte) (int, error) {
 	return int(n), nil
 }
 
+// writevRaw writes iov (not empty) to a non-blocking descriptor, with
+// write for one buffer and writev for several: a raw system call, as
+// readRaw.
+func writevRaw(fd int, iov []syscall.Iovec) (int, syscall.Errno) {
+	var n uintptr
+	var errno syscall.Errno
+	if len(iov) == 1 {
+		n, _, errno = syscall.RawSyscall(syscall.SYS_WRITE, uintptr(fd), uintptr(unsafe.Pointer(iov[0].Base)), uintptr(iov[0].Len))
+	} else {
+		n, _, errno = syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+	}
+	return int(n), errno
+}
+
 // frames serves the messages in c.in followed by data. It returns false
 // if the loop must read c no more for now: it paused on its budget, or it
 // ended. Called with c.rmu held.
@@ -711,21 +725,13 @@ func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time
 		if len(iov) == 0 {
 			return off, nil
 		}
-		// The socket is non-blocking: a raw system call, without the
-		// runtime's bookkeeping for one that may block.
-		var n uintptr
-		var errno syscall.Errno
-		if len(iov) == 1 {
-			n, _, errno = syscall.RawSyscall(syscall.SYS_WRITE, uintptr(r.fd), uintptr(unsafe.Pointer(iov[0].Base)), uintptr(iov[0].Len))
-		} else {
-			n, _, errno = syscall.RawSyscall(syscall.SYS_WRITEV, uintptr(r.fd), uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
-		}
+		n, errno := writevRaw(r.fd, iov)
 		clear(iov) // hold no answer's bytes past the write
 		r.iov = iov[:0]
 		switch errno {
 		case 0:
-			off += int(n)
-			if int(n) == total && len(iov) < maxIovecs {
+			off += n
+			if n == total && len(iov) < maxIovecs {
 				return off, nil
 			}
 			continue

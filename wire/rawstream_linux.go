@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"syscall"
-	"unsafe"
 )
 
 // rawStream reads and writes a plain TCP connection (a client's link, or
@@ -35,14 +34,13 @@ type rawStream struct {
 
 	// The write side, used by one writer at a time (under the link's wmu,
 	// or the connection's flusher).
-	wbuf    []byte
-	wn      int
+	wbufs   *net.Buffers
+	one     [1][]byte   // Write's buffer, as wbufs's
+	oneBufs net.Buffers // one[:]
+	iov     []syscall.Iovec
+	wn      int64
 	werr    error
 	writeFn func(fd uintptr) bool
-	vbufs   *net.Buffers
-	iov     []syscall.Iovec
-	vn      int64
-	vecFn   func(fd uintptr) bool
 }
 
 // streamOf returns what a link (or a server's connection served by a
@@ -58,7 +56,7 @@ func streamOf(nc net.Conn) io.ReadWriter {
 		return nc
 	}
 	s := &rawStream{rc: rc}
-	s.readFn, s.writeFn, s.vecFn = s.read1, s.write1, s.writev1
+	s.readFn, s.writeFn = s.read1, s.write1
 	return s
 }
 
@@ -83,80 +81,57 @@ func (s *rawStream) Read(b []byte) (int, error) {
 // read1 reads once; it returns false if the socket has nothing yet.
 func (s *rawStream) read1(fd uintptr) bool {
 	for {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_READ, fd, uintptr(unsafe.Pointer(&s.rbuf[0])), uintptr(len(s.rbuf)))
-		switch errno {
-		case 0:
-			s.rn = int(n)
+		n, err := readRaw(int(fd), s.rbuf)
+		switch err {
+		case nil:
+			s.rn = n
 			return true
 		case syscall.EAGAIN:
 			return false
 		case syscall.EINTR:
 			continue
 		}
-		s.rerr = errno
+		s.rerr = err
 		return true
 	}
 }
 
+// Write writes b whole, or fails: writeBuffers with one buffer.
 func (s *rawStream) Write(b []byte) (int, error) {
 	if len(b) == 0 {
 		return 0, nil
 	}
-	s.wbuf, s.wn, s.werr = b, 0, nil
+	s.one[0] = b
+	s.oneBufs = s.one[:]
+	n, err := s.writeBuffers(&s.oneBufs)
+	s.one[0], s.oneBufs = nil, nil
+	return int(n), err
+}
+
+// writeBuffers writes bufs, consuming what it wrote, as
+// net.Buffers.WriteTo does on a net.Conn (see buffersWriter): one write,
+// or one writev, for as many buffers as one takes.
+func (s *rawStream) writeBuffers(bufs *net.Buffers) (int64, error) {
+	s.wbufs, s.wn, s.werr = bufs, 0, nil
 	err := s.rc.Write(s.writeFn)
-	s.wbuf = nil
+	s.wbufs = nil
+	clear(s.iov[:cap(s.iov)]) // every pass's iovecs: keep no answer alive
 	n := s.wn
 	switch {
 	case err != nil:
 		return n, err
 	case s.werr != nil:
-		return n, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("write", s.werr)}
+		return n, &net.OpError{Op: "write", Net: "tcp", Err: os.NewSyscallError("writev", s.werr)}
 	}
 	return n, nil
 }
 
-// write1 writes what is left of wbuf; it returns false if the socket's
+// write1 writes what is left of wbufs; it returns false if the socket's
 // buffer is full.
 func (s *rawStream) write1(fd uintptr) bool {
-	for s.wn < len(s.wbuf) {
-		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITE, fd, uintptr(unsafe.Pointer(&s.wbuf[s.wn])), uintptr(len(s.wbuf)-s.wn))
-		switch errno {
-		case 0:
-			s.wn += int(n)
-		case syscall.EAGAIN:
-			return false
-		case syscall.EINTR:
-		default:
-			s.werr = errno
-			return true
-		}
-	}
-	return true
-}
-
-// writeBuffers writes bufs with writev, consuming what it wrote, as
-// net.Buffers.WriteTo does on a net.Conn (see buffersWriter).
-func (s *rawStream) writeBuffers(bufs *net.Buffers) (int64, error) {
-	s.vbufs, s.vn, s.werr = bufs, 0, nil
-	err := s.rc.Write(s.vecFn)
-	s.vbufs = nil
-	clear(s.iov[:cap(s.iov)]) // every pass's iovecs: keep no answer alive
-	n := s.vn
-	switch {
-	case err != nil:
-		return n, err
-	case s.werr != nil:
-		return n, &net.OpError{Op: "writev", Net: "tcp", Err: os.NewSyscallError("writev", s.werr)}
-	}
-	return n, nil
-}
-
-// writev1 writes what is left of vbufs; it returns false if the socket's
-// buffer is full.
-func (s *rawStream) writev1(fd uintptr) bool {
-	for len(*s.vbufs) > 0 {
+	for len(*s.wbufs) > 0 {
 		iov := s.iov[:0]
-		for _, b := range *s.vbufs {
+		for _, b := range *s.wbufs {
 			if len(b) == 0 {
 				continue
 			}
@@ -168,14 +143,14 @@ func (s *rawStream) writev1(fd uintptr) bool {
 		}
 		s.iov = iov
 		if len(iov) == 0 {
-			*s.vbufs = (*s.vbufs)[:0]
+			*s.wbufs = (*s.wbufs)[:0]
 			return true
 		}
-		n, _, errno := syscall.RawSyscall(syscall.SYS_WRITEV, fd, uintptr(unsafe.Pointer(&iov[0])), uintptr(len(iov)))
+		n, errno := writevRaw(int(fd), iov)
 		switch errno {
 		case 0:
-			s.vn += int64(n)
-			consume(s.vbufs, int64(n))
+			s.wn += int64(n)
+			consume(s.wbufs, int64(n))
 		case syscall.EAGAIN:
 			return false
 		case syscall.EINTR:

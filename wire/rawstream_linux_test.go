@@ -207,3 +207,33 @@ func TestConsume(t *testing.T) {
 		t.Fatalf("after consuming all: %q", v)
 	}
 }
+
+// A write and a read on the raw stream allocate nothing (the client
+// makes one of each per call).
+func TestRawStreamAllocatesNothing(t *testing.T) {
+	c, s := tcpPair(t)
+	rs := streamOf(c).(*rawStream)
+	msg, back := []byte("ping"), make([]byte, 4)
+	go func() {
+		b := make([]byte, 4)
+		for {
+			if _, err := io.ReadFull(s, b); err != nil {
+				return
+			}
+			if _, err := s.Write(b); err != nil {
+				return
+			}
+		}
+	}()
+	allocs := testing.AllocsPerRun(100, func() {
+		if _, err := rs.Write(msg); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := io.ReadFull(rs, back); err != nil {
+			t.Fatal(err)
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per write and read, want 0", allocs)
+	}
+}
