@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekv/fencekv/kv"
 	"github.com/fencekv/fencekv/lease"
+	"github.com/fencekv/fencekv/state"
 )
 
 // WriteOptions fence a write.
@@ -22,13 +23,7 @@ type WriteOptions struct {
 }
 
 // Entry is a key's state as a read or write left it.
-type Entry struct {
-	Key      []byte
-	Value    []byte
-	Found    bool
-	Fence    Token
-	Revision Revision
-}
+type Entry = state.Entry
 
 // WriteResult is the key's fence and revision after an accepted write.
 type WriteResult struct {
@@ -38,9 +33,9 @@ type WriteResult struct {
 
 func (w WriteOptions) kv() kv.Write { return kv.Write{Token: w.Token, Strict: w.Strict} }
 
-func (db *DB) write(ctx context.Context, c Command, w WriteOptions) Result {
+func (db *DB) write(ctx context.Context, c state.Command, w WriteOptions) state.Result {
 	if err := db.opts.CheckWrite(c.Key, c.Value, w); err != nil {
-		return Result{Err: err}
+		return state.Result{Err: err}
 	}
 	c.Write, c.Lock = w.kv(), w.Lock
 	r := db.exec(ctx, c)
@@ -61,7 +56,7 @@ func (db *DB) Refusals(ctx context.Context, since uint64, limit int) ([]Refusal,
 	return rs, last, nil
 }
 
-func written(r Result) (WriteResult, error) {
+func written(r state.Result) (WriteResult, error) {
 	if r.Err != nil {
 		return WriteResult{}, r.Err
 	}
@@ -70,14 +65,14 @@ func written(r Result) (WriteResult, error) {
 
 // Put writes value to key. It returns after the write is durable.
 func (db *DB) Put(ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
-	return written(db.write(ctx, Command{Op: OpPut, Key: key, Value: value}, w))
+	return written(db.write(ctx, state.Command{Op: state.OpPut, Key: key, Value: value}, w))
 }
 
 // Delete removes key; its fence survives. deleted is false if the key was
 // not there (which is not an error). A delete carrying a token raises the
 // fence even of a missing key.
 func (db *DB) Delete(ctx context.Context, key []byte, w WriteOptions) (deleted bool, res WriteResult, err error) {
-	r := db.write(ctx, Command{Op: OpDelete, Key: key}, w)
+	r := db.write(ctx, state.Command{Op: state.OpDelete, Key: key}, w)
 	res, err = written(r)
 	return r.Deleted, res, err
 }
@@ -85,13 +80,13 @@ func (db *DB) Delete(ctx context.Context, key []byte, w WriteOptions) (deleted b
 // CAS writes value if key is at revision rev; rev 0 means the key must be
 // absent. A mismatch is ErrCompareFailed with the key's current revision.
 func (db *DB) CAS(ctx context.Context, key []byte, rev Revision, value []byte, w WriteOptions) (WriteResult, error) {
-	return written(db.write(ctx, Command{Op: OpCAS, Key: key, Revision: rev, Value: value}, w))
+	return written(db.write(ctx, state.Command{Op: state.OpCAS, Key: key, Revision: rev, Value: value}, w))
 }
 
 // Incr adds delta to the signed 64-bit integer stored at key as decimal
 // text (a missing key counts as 0) and returns the new value.
 func (db *DB) Incr(ctx context.Context, key []byte, delta int64, w WriteOptions) (int64, WriteResult, error) {
-	r := db.write(ctx, Command{Op: OpIncr, Key: key, Delta: delta}, w)
+	r := db.write(ctx, state.Command{Op: state.OpIncr, Key: key, Delta: delta}, w)
 	res, err := written(r)
 	return r.Int, res, err
 }
@@ -130,7 +125,7 @@ func (db *DB) Scan(ctx context.Context, o ScanOptions) (items []Entry, more bool
 	if err != nil {
 		return nil, false, err
 	}
-	return db.m.Scan(o, limit, db.opts.MaxScanBytes)
+	return db.m.Scan(o.Prefix, o.Start, limit, db.opts.MaxScanBytes)
 }
 
 // AcquireOptions tune Acquire. The zero value takes the lock only if it is
@@ -164,7 +159,7 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 	if err := db.opts.CheckAcquire(name, ttl, ao); err != nil {
 		return Lease{}, err
 	}
-	r := newRequest(Command{Op: OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
+	r := newRequest(state.Command{Op: state.OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
 	r.wait = ao.Wait
 	defer r.free()
 	var timer Timer
@@ -200,7 +195,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lea
 	case <-w.Done():
 		return granted()
 	case <-timer.C():
-		if !db.m.leases.Cancel(w) {
+		if !db.m.Cancel(w) {
 			<-w.Done()
 			return granted()
 		}
@@ -208,7 +203,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lea
 		// having handed the lock on yet: one last try without waiting. It
 		// still goes behind anyone queued (the batch leader expires and
 		// hands off to them first).
-		r := db.exec(ctx, Command{Op: OpAcquire, Lease: w.Req})
+		r := db.exec(ctx, state.Command{Op: state.OpAcquire, Lease: w.Req})
 		if r.Err == nil {
 			return Lease{Name: w.Req.Name, Token: r.Grant.Token, TTL: r.Grant.TTL}, nil
 		}
@@ -217,7 +212,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lea
 		}
 		return Lease{}, db.lockHeld(w.Req.Name)
 	case <-ctx.Done():
-		if !db.m.leases.Cancel(w) {
+		if !db.m.Cancel(w) {
 			<-w.Done()
 			if w.Err == nil {
 				// Nobody will use this grant: give the lock to the next.
@@ -262,7 +257,7 @@ func (db *DB) Renew(ctx context.Context, name string, token Token) (time.Duratio
 	if err := db.opts.CheckName(name); err != nil {
 		return 0, err
 	}
-	r := db.exec(ctx, Command{Op: OpRenew, Lease: lease.Request{Name: name}, Token: token})
+	r := db.exec(ctx, state.Command{Op: state.OpRenew, Lease: lease.Request{Name: name}, Token: token})
 	return r.TTL, r.Err
 }
 
@@ -272,7 +267,7 @@ func (db *DB) Release(ctx context.Context, name string, token Token) error {
 	if err := db.opts.CheckName(name); err != nil {
 		return err
 	}
-	return db.exec(ctx, Command{Op: OpRelease, Lease: lease.Request{Name: name}, Token: token}).Err
+	return db.exec(ctx, state.Command{Op: state.OpRelease, Lease: lease.Request{Name: name}, Token: token}).Err
 }
 
 // LockInfo describes a lock: whether it is held, by whom, with which token,
@@ -352,21 +347,18 @@ func AfterExpiries[T any](read func() (T, error), locks func(T) []LockInfo, appl
 
 // Status describes the store.
 type Status struct {
-	Version   string
-	LastToken Token    // the highest token ever issued
-	Revision  Revision // accepted writes, store-wide
-	Keys      uint64   // live keys
-	Locks     int      // leases held
-	Waiters   int      // callers queued for locks
-	Commits   uint64   // group commits (one log sync each) since Open
-	Commands  uint64   // commands applied since Open
-	Grants    uint64   // acquires granted since Open (replayed ones included)
-	Expiries  uint64   // leases that ran out since Open (replayed ones included)
+	Version string
+	// The store-wide counters: the highest token ever issued, the
+	// revision, live keys, the data file's size, leases held, callers
+	// queued, and the grants and expiries applied since Open (replayed
+	// ones included).
+	state.Counters
+	Commits  uint64 // group commits (one log sync each) since Open
+	Commands uint64 // commands applied since Open
 
 	SyncTime       time.Duration // total time writing and syncing the log, since Open
 	Checkpoints    uint64        // checkpoints of the log into the data file since Open
 	CheckpointTime time.Duration // total time in checkpoints, since Open
-	DataSize       int64         // bytes in the data file
 
 	// Where this node stands: Role is "single" for a node without a
 	// cluster, else "leader", "follower" or "candidate"; the rest are
@@ -391,7 +383,9 @@ func (db *DB) Status(ctx context.Context) (Status, error) {
 		CheckpointTime: time.Duration(db.ckptNanos.Load()),
 		Commands:       db.commands.Load(),
 	}
-	return s, db.m.Counters(&s)
+	c, err := db.m.Counters()
+	s.Counters = c
+	return s, err
 }
 
 // Limits returns the options in force, for servers that advertise them.

@@ -7,6 +7,8 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+
+	"github.com/fencekv/fencekv/state"
 )
 
 // Backup is a consistent copy of a store being read out: a complete data
@@ -29,7 +31,7 @@ type Backup struct {
 // behind), which the Backup reads from. It needs free disk space for one
 // more data file.
 func (db *DB) Backup(ctx context.Context) (*Backup, error) {
-	f, err := os.CreateTemp(filepath.Dir(db.m.path), ".backup-*")
+	f, err := os.CreateTemp(filepath.Dir(db.m.Path()), ".backup-*")
 	if err != nil {
 		return nil, errorf(CodeUnavailable, "backup: %v", err)
 	}
@@ -37,7 +39,7 @@ func (db *DB) Backup(ctx context.Context) (*Backup, error) {
 	// process dies.
 	os.Remove(f.Name())
 	var (
-		snap *Snapshot
+		snap *state.Snapshot
 		st   Status
 	)
 	err = db.inTurn(ctx, func() error {
@@ -54,10 +56,12 @@ func (db *DB) Backup(ctx context.Context) (*Backup, error) {
 		}
 		// Nothing is applied after the snapshot before the turn ends:
 		// the published counters are the snapshot's.
-		if err := db.m.Counters(&st); err != nil {
+		c, err := db.m.Counters()
+		if err != nil {
 			s.Close()
 			return err
 		}
+		st.Counters = c
 		snap = s
 		return nil
 	})

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv/lease"
+	"github.com/fencekv/fencekv/state"
 )
 
 // Group commit without a commit goroutine: the goroutines that submit
@@ -21,9 +22,9 @@ import (
 
 // request is a command on its way to be applied.
 type request struct {
-	cmd    Command
+	cmd    state.Command
 	wait   time.Duration // acquire: queue for the lock this long if it is held
-	res    Result
+	res    state.Result
 	waiter *lease.Waiter // set by the leader when the acquire was queued
 	lead   bool          // set (with qmu held) before done receives, to make the submitter the leader
 	done   chan struct{} // receives once res (and waiter) are set, or lead is
@@ -32,7 +33,7 @@ type request struct {
 	turn func() error
 	// then, if set, makes the request asynchronous (Start): nobody waits on
 	// done; the leader calls then with the result, after passing the lead.
-	then func(Result)
+	then func(state.Result)
 	// noteCtx, set for a started key write, is its caller's context: a
 	// refusal goes to the refusal log with it, as DB.write does.
 	noteCtx context.Context
@@ -40,7 +41,7 @@ type request struct {
 
 var requestPool = sync.Pool{New: func() any { return &request{done: make(chan struct{}, 1)} }}
 
-func newRequest(c Command) *request {
+func newRequest(c state.Command) *request {
 	r := requestPool.Get().(*request)
 	r.cmd = c
 	return r
@@ -62,11 +63,11 @@ func (r *request) free() {
 // exec runs one command. If ctx ends before a batch takes the command, it
 // is withdrawn, nothing is applied, and the result is ctx's error; once a
 // batch has it, the result is what the batch did.
-func (db *DB) exec(ctx context.Context, c Command) Result {
+func (db *DB) exec(ctx context.Context, c state.Command) state.Result {
 	r := newRequest(c)
 	defer r.free()
 	if err := db.submit(ctx, r); err != nil {
-		return Result{Err: err}
+		return state.Result{Err: err}
 	}
 	return r.res
 }
@@ -186,7 +187,7 @@ func (db *DB) commitNext() {
 	switch {
 	case len(db.batch) == 1 && db.batch[0].turn != nil:
 		r := db.batch[0]
-		r.res = Result{Err: safely(r.turn)}
+		r.res = state.Result{Err: state.Safely(r.turn)}
 		r.done <- struct{}{}
 	case len(db.batch) > 0:
 		db.commitBatch(db.batch)
@@ -236,7 +237,7 @@ func (db *DB) commitNext() {
 // Start is for servers that answer many clients from few goroutines: a
 // write costs them no goroutine that waits. A committer goroutine leads
 // its batch; StartLed lets the caller lead instead (the wire event loop).
-func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Result)) {
+func (db *DB) Start(ctx context.Context, c state.Command, w WriteOptions, then func(state.Result)) {
 	if db.start(ctx, c, w, then) {
 		db.kickCommitter()
 	}
@@ -250,7 +251,7 @@ func (db *DB) Start(ctx context.Context, c Command, w WriteOptions, then func(Re
 // must. Until it does, further writes are queued behind the lead without
 // waking anyone: a caller that starts several writes and then leads
 // commits them in one batch, with no goroutine hand-off at all.
-func (db *DB) StartLed(ctx context.Context, c Command, w WriteOptions, then func(Result)) bool {
+func (db *DB) StartLed(ctx context.Context, c state.Command, w WriteOptions, then func(state.Result)) bool {
 	return db.start(ctx, c, w, then)
 }
 
@@ -266,33 +267,33 @@ func (db *DB) PassLead() { db.kickCommitter() }
 
 // start queues a started write; it reports whether the caller was made
 // the leader.
-func (db *DB) start(ctx context.Context, c Command, w WriteOptions, then func(Result)) bool {
+func (db *DB) start(ctx context.Context, c state.Command, w WriteOptions, then func(state.Result)) bool {
 	var err error
 	switch c.Op {
-	case OpPut, OpDelete, OpCAS, OpIncr:
+	case state.OpPut, state.OpDelete, state.OpCAS, state.OpIncr:
 		err = db.opts.CheckWrite(c.Key, c.Value, w)
 		c.Write, c.Lock = w.kv(), w.Lock
-	case OpRenew, OpRelease:
+	case state.OpRenew, state.OpRelease:
 		err = db.opts.CheckName(c.Lease.Name)
-	case OpAcquire:
+	case state.OpAcquire:
 		err = db.opts.CheckAcquire(c.Lease.Name, c.Lease.TTL, AcquireOptions{Holder: c.Lease.Holder, LockDelay: c.Lease.LockDelay})
 	default:
 		err = errorf(CodeBadRequest, "Start: op %v cannot be started", c.Op)
 	}
 	if err != nil {
-		then(Result{Err: err})
+		then(state.Result{Err: err})
 		return false
 	}
 	r := newRequest(c)
 	r.then = then
-	if c.Op == OpPut || c.Op == OpDelete || c.Op == OpCAS || c.Op == OpIncr {
+	if c.Op == state.OpPut || c.Op == state.OpDelete || c.Op == state.OpCAS || c.Op == state.OpIncr {
 		r.noteCtx = ctx
 	}
 	db.qmu.Lock()
 	if db.closed {
 		db.qmu.Unlock()
 		r.free()
-		then(Result{Err: errClosed})
+		then(state.Result{Err: errClosed})
 		return false
 	}
 	db.pending = append(db.pending, r)
@@ -340,7 +341,7 @@ func (db *DB) committer() {
 // published then. Its error is fn's, or ctx's if ctx ended before its turn
 // came (then fn did not run).
 func (db *DB) inTurn(ctx context.Context, fn func() error) error {
-	r := newRequest(Command{})
+	r := newRequest(state.Command{})
 	r.turn = fn
 	defer r.free()
 	if err := db.submit(ctx, r); err != nil {
@@ -352,10 +353,6 @@ func (db *DB) inTurn(ctx context.Context, fn func() error) error {
 // maxBatchBytes bounds the keys and values of one batch (a transaction's
 // ops counted), and so the size of its log record: a batch takes commands
 // while it holds less, so its record is at most this plus one command
-// (maxCommandBytes, Options.validate) plus the commands' headers, well
+// (state.MaxCommandBytes, Options.validate) plus the commands' headers, well
 // within wal.MaxRecord. A record over that would fail the store.
 const maxBatchBytes = 32 << 20
-
-// maxCommandBytes bounds the keys and values of one command, the largest
-// transaction the limits allow.
-const maxCommandBytes = 512 << 20

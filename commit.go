@@ -3,10 +3,10 @@ package fencekv
 import (
 	"errors"
 	"fmt"
-	"runtime/debug"
 	"time"
 
 	"github.com/fencekv/fencekv/lease"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wal"
 )
 
@@ -20,7 +20,7 @@ import (
 // handoff is a grant made to a queued waiter, answered after commit.
 type handoff struct {
 	w   *lease.Waiter
-	res Result
+	res state.Result
 }
 
 // commitBatch applies, logs, publishes and answers one batch. It never
@@ -31,14 +31,14 @@ func (db *DB) commitBatch(batch []*request) {
 	if err := db.failure(); err != nil {
 		fail := errorf(CodeUnavailable, "the store failed: %v", err)
 		for _, r := range batch {
-			r.res = Result{Err: fail}
+			r.res = state.Result{Err: fail}
 			r.answer()
 		}
 		return
 	}
 	var handed []handoff
 	logging := false // the batch's record is being written: it may reach the disk
-	err := safely(func() error {
+	err := state.Safely(func() error {
 		var err error
 		if handed, err = db.applyBatch(batch); err != nil {
 			return err
@@ -49,7 +49,7 @@ func (db *DB) commitBatch(batch []*request) {
 	if err != nil {
 		db.fail(err)
 		fail := errorf(CodeUnavailable, "the store failed: %v", err)
-		if errors.Is(err, errPanic) {
+		if errors.Is(err, state.ErrPanic) {
 			fail = errorf(CodeInternal, "the store failed: %v", err)
 		}
 		// A command applied in a batch whose record was written, whose
@@ -65,12 +65,12 @@ func (db *DB) commitBatch(batch []*request) {
 		}
 		for _, r := range batch {
 			if r.res.Err == nil {
-				r.res = Result{Err: unknown}
+				r.res = state.Result{Err: unknown}
 			} else {
-				r.res = Result{Err: fail}
+				r.res = state.Result{Err: fail}
 			}
 			if r.waiter != nil {
-				db.m.leases.Cancel(r.waiter)
+				db.m.Cancel(r.waiter)
 				r.waiter = nil
 			}
 			r.answer()
@@ -99,33 +99,10 @@ func (db *DB) commitBatch(batch []*request) {
 		h.w.Finish(h.res.Grant, h.res.Err)
 	}
 	if db.sinceCkpt > 0 && (time.Since(db.lastCkpt) >= db.opts.CheckpointEvery || db.wal.Size() >= db.opts.CheckpointBytes) {
-		if err := safely(db.checkpoint); err != nil {
+		if err := state.Safely(db.checkpoint); err != nil {
 			db.fail(err)
 		}
 	}
-}
-
-// errPanic matches (errors.Is) an error made from a recovered panic.
-var errPanic = errors.New("panic")
-
-// panicError is a recovered panic, with the stack it came from (for the
-// log, not the message: a damaged file must not print a trace at a user).
-type panicError struct {
-	value any
-	stack []byte
-}
-
-func (e *panicError) Error() string        { return fmt.Sprintf("panic: %v", e.value) }
-func (e *panicError) Is(target error) bool { return target == errPanic }
-
-// safely runs fn, turning a panic into a *panicError.
-func safely(fn func() error) (err error) {
-	defer func() {
-		if p := recover(); p != nil {
-			err = &panicError{p, debug.Stack()}
-		}
-	}()
-	return fn()
 }
 
 // applyBatch applies the batch's commands, with the expiries and
@@ -137,7 +114,7 @@ func (db *DB) applyBatch(batch []*request) (handed []handoff, err error) {
 	for _, r := range batch {
 		c := &r.cmd
 		c.Now = now
-		if c.Op == OpAcquire && db.m.leases.Waiting(c.Lease.Name) > 0 {
+		if c.Op == state.OpAcquire && db.m.Waiting(c.Lease.Name) > 0 {
 			// Waiters come first: if the holder's lease is past due,
 			// expire it now and hand the lock to the head of the queue.
 			if handed, err = db.expire(now, c.Lease.Name, handed); err != nil {
@@ -147,9 +124,9 @@ func (db *DB) applyBatch(batch []*request) (handed []handoff, err error) {
 		if r.res, err = db.apply(c); err != nil {
 			return handed, err
 		}
-		if c.Op == OpAcquire && r.wait > 0 && errors.Is(r.res.Err, ErrLockHeld) {
+		if c.Op == state.OpAcquire && r.wait > 0 && errors.Is(r.res.Err, ErrLockHeld) {
 			w := lease.NewWaiter(c.Lease)
-			if err := db.m.leases.Enqueue(w, db.opts.MaxWaiters); err != nil {
+			if err := db.m.Enqueue(w, db.opts.MaxWaiters); err != nil {
 				r.res.Err = err
 			} else {
 				r.waiter = w
@@ -168,10 +145,10 @@ func (db *DB) applyBatch(batch []*request) (handed []handoff, err error) {
 // the batch's log record (a refused command, or an expire with nothing
 // due, changed nothing: replay needs neither). err is the machine's
 // failure.
-func (db *DB) apply(c *Command) (Result, error) {
+func (db *DB) apply(c *state.Command) (state.Result, error) {
 	r, err := db.m.Apply(c)
 	if err == nil && r.Err == nil && !r.Noop {
-		db.rec = appendCommand(db.rec, c)
+		db.rec = state.AppendCommand(db.rec, c)
 		db.logged++
 	}
 	return r, err
@@ -180,7 +157,7 @@ func (db *DB) apply(c *Command) (Result, error) {
 // expire applies what is due on a lock, and hands it to a waiter if that
 // freed it.
 func (db *DB) expire(now time.Duration, name string, handed []handoff) ([]handoff, error) {
-	res, err := db.apply(&Command{Op: OpExpire, Now: now, Lease: lease.Request{Name: name}})
+	res, err := db.apply(&state.Command{Op: state.OpExpire, Now: now, Lease: lease.Request{Name: name}})
 	if err != nil || !res.Freed {
 		return handed, err
 	}
@@ -191,11 +168,11 @@ func (db *DB) expire(now time.Duration, name string, handed []handoff) ([]handof
 // same transaction that freed it (FIFO; no thundering herd).
 func (db *DB) handOff(now time.Duration, name string, handed []handoff) ([]handoff, error) {
 	for {
-		w := db.m.leases.Pop(name)
+		w := db.m.Pop(name)
 		if w == nil {
 			return handed, nil
 		}
-		res, err := db.apply(&Command{Op: OpAcquire, Now: now, Lease: w.Req})
+		res, err := db.apply(&state.Command{Op: state.OpAcquire, Now: now, Lease: w.Req})
 		handed = append(handed, handoff{w, res})
 		if err != nil {
 			return handed, err
@@ -209,7 +186,7 @@ func (db *DB) handOff(now time.Duration, name string, handed []handoff) ([]hando
 // startRecord begins the log record of a batch: the commands that change
 // state, in the order they were applied. The record's number is seq+1.
 func (db *DB) startRecord() {
-	db.rec = appendBatchHeader(db.rec[:0])
+	db.rec = state.AppendBatchHeader(db.rec[:0])
 	db.logged = 0
 }
 
@@ -285,7 +262,7 @@ func (db *DB) replay(recs []wal.Record) error {
 		if seq != db.seq+1 {
 			return fmt.Errorf("fencekv: the log jumps from record %d to %d", db.seq, seq)
 		}
-		err := eachCommand(rec.Payload, func(c *Command) error {
+		err := state.EachCommand(rec.Payload, func(c *state.Command) error {
 			r, err := db.m.Apply(c)
 			if err == nil && r.Err != nil {
 				err = fmt.Errorf("%v refused: %w", c.Op, r.Err)

@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wal"
 )
 
@@ -33,7 +34,7 @@ type DB struct {
 
 	// m is the state machine. Its write side is used by the batch leader
 	// only (and by Open and Close, before and after any leader).
-	m *Machine
+	m *state.Machine
 
 	qmu     sync.Mutex // guards pending, leading, closed
 	qidle   sync.Cond  // signalled (with qmu) when leading ends
@@ -89,7 +90,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if opts != nil {
 		o = *opts
 	}
-	if err := o.validate(); err != nil {
+	if err := o.Validate(); err != nil {
 		return nil, err
 	}
 	_, statErr := os.Stat(dir)
@@ -102,7 +103,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, fmt.Errorf("fencekv: data dir: %w", err)
 	}
-	m, err := OpenMachine(filepath.Join(dir, DataFile), o.NoSync)
+	m, err := state.OpenMachine(filepath.Join(dir, DataFile), o.NoSync)
 	if err != nil {
 		return nil, err
 	}
@@ -157,7 +158,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		log.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
-	rearm := Command{Op: OpRearm}
+	rearm := state.Command{Op: state.OpRearm}
 	if tail.Torn {
 		floor, err := db.tokenFloor(logPath, tail)
 		if err != nil {
@@ -194,7 +195,7 @@ func (db *DB) Close() error {
 		}
 		db.qmu.Unlock()
 		db.drainWaiters()
-		db.m.closeWatch()
+		db.m.CloseWatch()
 		close(db.stop)
 		db.wg.Wait()
 		var ckpt error
@@ -217,9 +218,9 @@ var errClosed = errorf(CodeUnavailable, "the database is closed")
 // in the log; a restart replays it. Reads go on serving what was
 // acknowledged. Called by the leader.
 func (db *DB) fail(err error) {
-	var pe *panicError
+	var pe *state.PanicError
 	if errors.As(err, &pe) {
-		db.log.Error("the store failed; refusing writes until restart", "err", err, "stack", string(pe.stack))
+		db.log.Error("the store failed; refusing writes until restart", "err", err, "stack", string(pe.Stack))
 	} else {
 		db.log.Error("the store failed; refusing writes until restart", "err", err)
 	}
@@ -249,9 +250,9 @@ func (db *DB) tokenFloor(logPath string, tail wal.Tail) (Token, error) {
 	if err != nil {
 		return 0, err
 	}
-	var st Status
-	if err := db.m.Counters(&st); err != nil {
+	c, err := db.m.Counters()
+	if err != nil {
 		return 0, err
 	}
-	return st.LastToken + Token(max(fi.Size()-tail.Offset, 0)) + 1, nil
+	return c.LastToken + Token(max(fi.Size()-tail.Offset, 0)) + 1, nil
 }

@@ -8,6 +8,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fencekv/fencekv/state"
 )
 
 // G6 from the inside: a batch is visible to readers, and answered, only
@@ -26,8 +28,8 @@ func TestG6InvisibleUntilSynced(t *testing.T) {
 	})
 	t.Run("Start", func(t *testing.T) {
 		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
-			res := make(chan Result, 1)
-			db.Start(ctx, Command{Op: OpPut, Key: key, Value: value}, w, func(r Result) { res <- r })
+			res := make(chan state.Result, 1)
+			db.Start(ctx, state.Command{Op: state.OpPut, Key: key, Value: value}, w, func(r state.Result) { res <- r })
 			return written(<-res)
 		})
 	})
@@ -35,8 +37,8 @@ func TestG6InvisibleUntilSynced(t *testing.T) {
 		// The event loop's way when a round served only writes: the
 		// caller leads the batch itself.
 		testG6InvisibleUntilSynced(t, func(db *DB, ctx context.Context, key, value []byte, w WriteOptions) (WriteResult, error) {
-			res := make(chan Result, 1)
-			if db.StartLed(ctx, Command{Op: OpPut, Key: key, Value: value}, w, func(r Result) { res <- r }) {
+			res := make(chan state.Result, 1)
+			if db.StartLed(ctx, state.Command{Op: state.OpPut, Key: key, Value: value}, w, func(r state.Result) { res <- r }) {
 				db.Lead()
 			}
 			return written(<-res)
@@ -212,9 +214,9 @@ func TestQueuedAcquireLogsNothing(t *testing.T) {
 	waitFor := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
-		for db.m.leases.Waiting("L") != n {
+		for db.m.Waiting("L") != n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d waiters; want %d", db.m.leases.Waiting("L"), n)
+				t.Fatalf("%d waiters; want %d", db.m.Waiting("L"), n)
 			}
 			time.Sleep(time.Millisecond)
 		}

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv/lease"
+	"github.com/fencekv/fencekv/state"
 )
 
 // expiryLoop submits an expire command for each lock whose lease or
@@ -14,7 +15,7 @@ import (
 func (db *DB) expiryLoop() {
 	defer db.wg.Done()
 	for {
-		at, ok := db.m.leases.Arm()
+		at, ok := db.m.NextDue()
 		var timer Timer
 		var fire <-chan time.Time
 		if ok {
@@ -37,7 +38,7 @@ func (db *DB) expiryLoop() {
 		}
 		select {
 		case <-fire:
-		case <-db.m.leases.Wake():
+		case <-db.m.Wake():
 		case <-db.stop:
 			if timer != nil {
 				timer.Stop()
@@ -53,7 +54,7 @@ func (db *DB) expiryLoop() {
 // expireDue submits expire commands for what is due at now and waits for
 // them. It returns false when the DB is closing or failed.
 func (db *DB) expireDue(now time.Duration) bool {
-	return db.applyExpiries(context.Background(), db.m.leases.Due(now, db.opts.MaxBatch)) == nil
+	return db.applyExpiries(context.Background(), db.m.DueLocks(now, db.opts.MaxBatch)) == nil
 }
 
 // applyExpiries submits an expire command for each of the locks, in one
@@ -65,7 +66,7 @@ func (db *DB) applyExpiries(ctx context.Context, names []string) error {
 	}
 	reqs := make([]*request, len(names))
 	for i, name := range names {
-		reqs[i] = newRequest(Command{Op: OpExpire, Lease: lease.Request{Name: name}})
+		reqs[i] = newRequest(state.Command{Op: state.OpExpire, Lease: lease.Request{Name: name}})
 	}
 	defer func() {
 		for _, r := range reqs {
@@ -92,8 +93,8 @@ func (db *DB) applyExpiries(ctx context.Context, names []string) error {
 // drainWaiters fails every queued waiter. Called by Close once no one
 // leads.
 func (db *DB) drainWaiters() {
-	for _, name := range db.m.leases.QueuedLocks() {
-		for w := db.m.leases.Pop(name); w != nil; w = db.m.leases.Pop(name) {
+	for _, name := range db.m.QueuedLocks() {
+		for w := db.m.Pop(name); w != nil; w = db.m.Pop(name) {
 			w.Finish(lease.Grant{}, errClosed)
 		}
 	}

@@ -1,6 +1,6 @@
 package fencekv_test
 
-// Tests of guarantees G1–G4, G7 and G8 (DESIGN.md) on one embedded engine,
+// Tests of guarantees G1–G4, G7 and G8 (fencekv.go) on one embedded engine,
 // driven by a fake clock. Restarts are in restart_test.go, the model-based
 // property test in property_test.go.
 

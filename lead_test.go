@@ -7,6 +7,8 @@ import (
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/fencekv/fencekv/state"
 )
 
 // queued is the number of writes waiting for a leader.
@@ -28,10 +30,10 @@ func TestStartLed(t *testing.T) {
 	defer db.Close()
 	ctx := context.Background()
 	before := db.commits.Load()
-	res := make(chan Result, 4)
-	then := func(r Result) { res <- r }
-	put := func(k string) Command {
-		return Command{Op: OpPut, Key: []byte(k), Value: []byte("v")}
+	res := make(chan state.Result, 4)
+	then := func(r state.Result) { res <- r }
+	put := func(k string) state.Command {
+		return state.Command{Op: state.OpPut, Key: []byte(k), Value: []byte("v")}
 	}
 	if !db.StartLed(ctx, put("k1"), WriteOptions{}, then) {
 		t.Fatal("StartLed on an idle DB did not make the caller the leader")
@@ -55,7 +57,7 @@ func TestStartLed(t *testing.T) {
 		t.Fatal("a write was committed before the leader led")
 	}
 	// A bad write is refused at once, lead or not, and takes no lead.
-	if db.StartLed(ctx, Command{Op: OpPut, Value: []byte("v")}, WriteOptions{}, then) {
+	if db.StartLed(ctx, state.Command{Op: state.OpPut, Value: []byte("v")}, WriteOptions{}, then) {
 		t.Fatal("a refused write made the caller the leader")
 	}
 	if r := <-res; r.Err == nil {
@@ -125,8 +127,8 @@ func TestBatchCountsTxnBytes(t *testing.T) {
 	}
 	defer db.Close()
 	ctx := context.Background()
-	res := make(chan Result, 1)
-	if !db.StartLed(ctx, Command{Op: OpPut, Key: []byte("first"), Value: []byte("v")}, WriteOptions{}, func(r Result) { res <- r }) {
+	res := make(chan state.Result, 1)
+	if !db.StartLed(ctx, state.Command{Op: state.OpPut, Key: []byte("first"), Value: []byte("v")}, WriteOptions{}, func(r state.Result) { res <- r }) {
 		t.Fatal("StartLed on an idle DB did not make the caller the leader")
 	}
 	const n = 100
@@ -134,7 +136,7 @@ func TestBatchCountsTxnBytes(t *testing.T) {
 	errs := make(chan error, n)
 	for i := range n {
 		go func() {
-			_, _, err := db.Txn(ctx, nil, []TxnOp{{Op: OpPut, Key: []byte(fmt.Sprintf("big/%d", i)), Value: value}}, WriteOptions{})
+			_, _, err := db.Txn(ctx, nil, []TxnOp{{Op: state.OpPut, Key: []byte(fmt.Sprintf("big/%d", i)), Value: value}}, WriteOptions{})
 			errs <- err
 		}()
 	}

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv/kv"
+	"github.com/fencekv/fencekv/state"
 )
 
 // Options configure a DB. Use DefaultOptions and change what you need; a
@@ -84,7 +85,11 @@ func DefaultOptions() Options {
 	}
 }
 
-func (o *Options) validate() error {
+// Validate reports the first option out of its range. Open calls it, and
+// so does every other driver of the state machine (cluster.Open), so that
+// a limit the storage cannot keep is refused at start, not in the middle
+// of a batch.
+func (o *Options) Validate() error {
 	switch {
 	case o.MaxKeySize <= 0, o.MaxValueSize <= 0, o.MaxScan <= 0, o.MaxScanBytes <= 0, o.MaxBatch <= 0, o.MaxRefusals <= 0, o.MaxTxnOps <= 0, o.WatchHistory <= 0,
 		o.WatchHistoryBytes <= 0, o.MaxWatchers <= 0:
@@ -95,10 +100,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("fencekv: MaxKeySize %d is over the storage's limit of %d bytes", o.MaxKeySize, kv.MaxKeySize)
 	case o.MaxValueSize > kv.MaxValueSize-o.MaxKeySize:
 		return fmt.Errorf("fencekv: MaxValueSize %d is over the storage's limit of %d bytes", o.MaxValueSize, kv.MaxValueSize-o.MaxKeySize)
-	case o.MaxTxnOps > maxCommandBytes || int64(o.MaxValueSize)+2*int64(o.MaxTxnOps)*int64(o.MaxKeySize) > maxCommandBytes:
+	case o.MaxTxnOps > state.MaxCommandBytes || int64(o.MaxValueSize)+2*int64(o.MaxTxnOps)*int64(o.MaxKeySize) > state.MaxCommandBytes:
 		// A transaction's ops and compares, in one log record with the
 		// rest of its batch, must fit a record (wal.MaxRecord).
-		return fmt.Errorf("fencekv: MaxValueSize %d plus MaxTxnOps %d keys of MaxKeySize %d, for ops and for compares, is over the limit of %d bytes for one command", o.MaxValueSize, o.MaxTxnOps, o.MaxKeySize, maxCommandBytes)
+		return fmt.Errorf("fencekv: MaxValueSize %d plus MaxTxnOps %d keys of MaxKeySize %d, for ops and for compares, is over the limit of %d bytes for one command", o.MaxValueSize, o.MaxTxnOps, o.MaxKeySize, state.MaxCommandBytes)
 	case o.MinTTL <= 0 || o.MaxTTL < o.MinTTL:
 		return fmt.Errorf("fencekv: bad TTL range %v..%v", o.MinTTL, o.MaxTTL)
 	case o.CheckpointEvery <= 0 || o.CheckpointBytes <= 0:

@@ -3,9 +3,10 @@ package fencekv_test
 // A model-based property test: rapid drives random sequences of writes
 // (with random tokens, strict and held-lock options), lock commands and
 // clock advances through a real engine on a fake clock, and through a plain
-// in-memory model of G1–G4 and G7 written from DESIGN.md alone. Every
-// result (error code and facts, fence, revision, value, token, TTL) must
-// match the model, and so must the full state after every step.
+// in-memory model of G1–G4 and G7 written from the guarantees alone (the
+// package doc, fencekv.go). Every result (error code and facts, fence,
+// revision, value, token, TTL) must match the model, and so must the full
+// state after every step.
 
 import (
 	"context"
@@ -18,6 +19,7 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/fencekvtest"
+	"github.com/fencekv/fencekv/state"
 	"pgregory.net/rapid"
 )
 
@@ -104,7 +106,7 @@ type writeOutcome struct {
 	n       int64
 }
 
-// write applies w to the model: the refusal order of DESIGN.md, then the
+// write applies w to the model: the refusal order of wire/PROTOCOL.md §4.1, then the
 // fence rule, then the operation.
 func (m *model) write(w modelWrite) writeOutcome {
 	if w.strict && w.token == 0 || w.lock != "" && w.token == 0 {
@@ -139,7 +141,7 @@ func (m *model) write(w modelWrite) writeOutcome {
 		m.rev++
 		*m.key(w.key) = modelKey{fence: fence, rev: m.rev}
 		return writeOutcome{deleted: cur.live, res: fencekv.WriteResult{Fence: fence, Revision: m.rev}}
-	case fencekv.OpCAS:
+	case state.OpCAS:
 		if curRev != w.rev {
 			return writeOutcome{err: &fencekv.Error{Code: fencekv.CodeCompareFailed, Revision: curRev}}
 		}
@@ -404,7 +406,7 @@ func TestPropertyModel(t *testing.T) {
 				}
 			},
 			"cas": func(t *rapid.T) {
-				w := genWrite(t, fencekv.OpCAS)
+				w := genWrite(t, state.OpCAS)
 				w.value = rapid.SampledFrom(propValues).Draw(t, "value")
 				w.rev = 0
 				if k := m.keys[w.key]; k != nil && k.live && rapid.Bool().Draw(t, "current revision") {
@@ -451,7 +453,7 @@ func TestPropertyModel(t *testing.T) {
 				sameRefusal(t, "release "+name, db.Release(ctx, name, tok), m.release(name, tok))
 			},
 			"txn": func(t *rapid.T) {
-				w := genWrite(t, fencekv.OpTxn)
+				w := genWrite(t, state.OpTxn)
 				var ops []modelWrite
 				var tops []fencekv.TxnOp
 				for range rapid.IntRange(1, 3).Draw(t, "ops") {

@@ -6,6 +6,8 @@ import (
 	"log/slog"
 	"sync"
 	"time"
+
+	"github.com/fencekv/fencekv/state"
 )
 
 // The refusal log: every fenced write the store refused (stale_token,
@@ -76,7 +78,7 @@ func fenceRefusal(err error) (*Error, bool) {
 
 // Note records c's refusal err, if it is a fencing refusal. grants says
 // whom a token was granted to.
-func (l *RefusalLog) Note(ctx context.Context, c *Command, err error, grants func(Token) (string, string, bool)) {
+func (l *RefusalLog) Note(ctx context.Context, c *state.Command, err error, grants func(Token) (string, string, bool)) {
 	e, ok := fenceRefusal(err)
 	if !ok || l == nil {
 		return

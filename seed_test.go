@@ -22,8 +22,9 @@ func openTest(t *testing.T, clock fencekv.Clock) *fencekv.DB {
 	return db
 }
 
-// TestSeedScenario is DESIGN.md's story: A gets 33 and pauses past its
-// lease; B gets 34 and writes; A's write with 33 is refused.
+// TestSeedScenario is the story the guarantees start from: A gets 33 and
+// pauses past its lease; B gets 34 and writes; A's write with 33 is
+// refused.
 func TestSeedScenario(t *testing.T) {
 	ctx := context.Background()
 	clock := fencekvtest.NewClock()

@@ -11,12 +11,13 @@ import (
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/lease"
+	"github.com/fencekv/fencekv/state"
 )
 
 // start runs db.Start and waits for its result.
-func start(db *fencekv.DB, ctx context.Context, c fencekv.Command, w fencekv.WriteOptions) fencekv.Result {
-	ch := make(chan fencekv.Result, 2)
-	db.Start(ctx, c, w, func(r fencekv.Result) { ch <- r })
+func start(db *fencekv.DB, ctx context.Context, c state.Command, w fencekv.WriteOptions) state.Result {
+	ch := make(chan state.Result, 2)
+	db.Start(ctx, c, w, func(r state.Result) { ch <- r })
 	r := <-ch
 	select {
 	case r2 := <-ch:
@@ -35,43 +36,43 @@ func TestStart(t *testing.T) {
 	db := openDB(t, dir, clock, nil)
 	ctx := fencekv.WithClient(context.Background(), "10.0.0.9:1")
 
-	r := start(db, ctx, fencekv.Command{Op: fencekv.OpAcquire, Lease: lease.Request{Name: "L", TTL: time.Minute, Holder: "A"}}, fencekv.WriteOptions{})
+	r := start(db, ctx, state.Command{Op: state.OpAcquire, Lease: lease.Request{Name: "L", TTL: time.Minute, Holder: "A"}}, fencekv.WriteOptions{})
 	if r.Err != nil || r.Grant.Token == 0 {
 		t.Fatalf("acquire: %+v", r)
 	}
 	tok := r.Grant.Token
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpAcquire, Lease: lease.Request{Name: "L", TTL: time.Minute}}, fencekv.WriteOptions{}); !errors.Is(r.Err, fencekv.ErrLockHeld) {
+	if r := start(db, ctx, state.Command{Op: state.OpAcquire, Lease: lease.Request{Name: "L", TTL: time.Minute}}, fencekv.WriteOptions{}); !errors.Is(r.Err, fencekv.ErrLockHeld) {
 		t.Fatalf("second acquire: %+v; want lock_held", r)
 	}
-	r = start(db, ctx, fencekv.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v1")}, fencekv.WriteOptions{Token: tok, Lock: "L"})
+	r = start(db, ctx, state.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v1")}, fencekv.WriteOptions{Token: tok, Lock: "L"})
 	if r.Err != nil || r.Entry.Fence != tok || r.Entry.Revision == 0 {
 		t.Fatalf("held put: %+v", r)
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("stale")}, fencekv.WriteOptions{Token: tok - 1}); !errors.Is(r.Err, fencekv.ErrStaleToken) {
+	if r := start(db, ctx, state.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("stale")}, fencekv.WriteOptions{Token: tok - 1}); !errors.Is(r.Err, fencekv.ErrStaleToken) {
 		t.Fatalf("stale put: %+v; want stale_token", r)
 	}
 	if rs, _, _ := db.Refusals(ctx, 0, 0); len(rs) != 1 || rs[0].Client != "10.0.0.9:1" {
 		t.Fatalf("refusal log %+v; want the stale put, from the client", rs)
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpIncr, Key: []byte("n"), Delta: 5}, fencekv.WriteOptions{}); r.Err != nil || r.Int != 5 {
+	if r := start(db, ctx, state.Command{Op: fencekv.OpIncr, Key: []byte("n"), Delta: 5}, fencekv.WriteOptions{}); r.Err != nil || r.Int != 5 {
 		t.Fatalf("incr: %+v", r)
 	}
 	e, _ := db.Get(ctx, []byte("k"))
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpCAS, Key: []byte("k"), Revision: e.Revision, Value: []byte("v2")}, fencekv.WriteOptions{Token: tok}); r.Err != nil {
+	if r := start(db, ctx, state.Command{Op: state.OpCAS, Key: []byte("k"), Revision: e.Revision, Value: []byte("v2")}, fencekv.WriteOptions{Token: tok}); r.Err != nil {
 		t.Fatalf("cas: %+v", r)
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpRenew, Lease: lease.Request{Name: "L"}, Token: tok}, fencekv.WriteOptions{}); r.Err != nil || r.TTL != time.Minute {
+	if r := start(db, ctx, state.Command{Op: state.OpRenew, Lease: lease.Request{Name: "L"}, Token: tok}, fencekv.WriteOptions{}); r.Err != nil || r.TTL != time.Minute {
 		t.Fatalf("renew: %+v", r)
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpDelete, Key: []byte("n")}, fencekv.WriteOptions{}); r.Err != nil || !r.Deleted {
+	if r := start(db, ctx, state.Command{Op: fencekv.OpDelete, Key: []byte("n")}, fencekv.WriteOptions{}); r.Err != nil || !r.Deleted {
 		t.Fatalf("delete: %+v", r)
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpRelease, Lease: lease.Request{Name: "L"}, Token: tok}, fencekv.WriteOptions{}); r.Err != nil {
+	if r := start(db, ctx, state.Command{Op: state.OpRelease, Lease: lease.Request{Name: "L"}, Token: tok}, fencekv.WriteOptions{}); r.Err != nil {
 		t.Fatalf("release: %+v", r)
 	}
 	// Bad input is refused at once, on the caller's goroutine.
 	called := false
-	db.Start(ctx, fencekv.Command{Op: fencekv.OpPut, Key: nil, Value: []byte("v")}, fencekv.WriteOptions{}, func(r fencekv.Result) {
+	db.Start(ctx, state.Command{Op: fencekv.OpPut, Key: nil, Value: []byte("v")}, fencekv.WriteOptions{}, func(r state.Result) {
 		called = true
 		if !errors.Is(r.Err, fencekv.ErrBadRequest) {
 			t.Errorf("empty key: %+v; want bad_request", r)
@@ -80,13 +81,13 @@ func TestStart(t *testing.T) {
 	if !called {
 		t.Fatal("then not called at once for an empty key")
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpExpire}, fencekv.WriteOptions{}); !errors.Is(r.Err, fencekv.ErrBadRequest) {
+	if r := start(db, ctx, state.Command{Op: state.OpExpire}, fencekv.WriteOptions{}); !errors.Is(r.Err, fencekv.ErrBadRequest) {
 		t.Fatalf("expire: %+v; want bad_request", r)
 	}
 	if err := db.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if r := start(db, ctx, fencekv.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v")}, fencekv.WriteOptions{}); !errors.Is(r.Err, fencekv.ErrUnavailable) {
+	if r := start(db, ctx, state.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v")}, fencekv.WriteOptions{}); !errors.Is(r.Err, fencekv.ErrUnavailable) {
 		t.Fatalf("put after Close: %+v; want unavailable", r)
 	}
 	// Everything answered was durable.
@@ -124,7 +125,7 @@ func TestStartMixedWithWaiting(t *testing.T) {
 					continue
 				}
 				done := make(chan struct{})
-				db.Start(ctx, fencekv.Command{Op: fencekv.OpIncr, Key: []byte("count"), Delta: 1}, fencekv.WriteOptions{}, func(r fencekv.Result) {
+				db.Start(ctx, state.Command{Op: fencekv.OpIncr, Key: []byte("count"), Delta: 1}, fencekv.WriteOptions{}, func(r state.Result) {
 					if r.Err != nil {
 						t.Error(r.Err)
 					}
@@ -154,7 +155,7 @@ func TestStartMixedWithWaiting(t *testing.T) {
 	var answered sync.WaitGroup
 	for range 100 {
 		answered.Add(1)
-		db.Start(ctx, fencekv.Command{Op: fencekv.OpIncr, Key: []byte("late"), Delta: 1}, fencekv.WriteOptions{}, func(fencekv.Result) { answered.Done() })
+		db.Start(ctx, state.Command{Op: fencekv.OpIncr, Key: []byte("late"), Delta: 1}, fencekv.WriteOptions{}, func(state.Result) { answered.Done() })
 	}
 	if err := db.Close(); err != nil {
 		t.Fatal(err)

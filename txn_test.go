@@ -8,6 +8,7 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/fencekvtest"
+	"github.com/fencekv/fencekv/state"
 )
 
 func txnPut(key, value string) fencekv.TxnOp {
@@ -49,7 +50,7 @@ func TestTxnAllOrNothing(t *testing.T) {
 		t.Errorf("incr results %d, %d; want 7, 3", res[0].Int, res[1].Int)
 	}
 
-	state := func() string {
+	dump := func() string {
 		var s string
 		for _, k := range []string{"sku-1", "sku-2", "log/1", "other"} {
 			e, _ := db.Get(ctx, []byte(k))
@@ -58,21 +59,21 @@ func TestTxnAllOrNothing(t *testing.T) {
 		st, _ := db.Status(ctx)
 		return s + st.Revision.String()
 	}
-	after := state()
+	after := dump()
 
 	// A newer token fences sku-2; then a txn with the old token touching
 	// both keys is refused whole: no half-landed move.
 	if _, err := db.Put(ctx, []byte("sku-2"), []byte("3"), fencekv.WriteOptions{Token: l.Token + 100}); err != nil {
 		t.Fatal(err)
 	}
-	after = state()
+	after = dump()
 	_, _, err = db.Txn(ctx, nil, []fencekv.TxnOp{{Op: fencekv.OpIncr, Key: []byte("sku-1"), Delta: -1}, {Op: fencekv.OpIncr, Key: []byte("sku-2"), Delta: 1}},
 		fencekv.WriteOptions{Token: l.Token})
 	var fe *fencekv.Error
 	if !errors.As(err, &fe) || fe.Code != fencekv.CodeStaleToken || fe.Key != "sku-2" || fe.Fence != l.Token+100 {
 		t.Fatalf("txn with a stale key: %v; want stale_token on sku-2 with fence %d", err, l.Token+100)
 	}
-	if got := state(); got != after {
+	if got := dump(); got != after {
 		t.Fatalf("a refused txn changed state: %s; was %s", got, after)
 	}
 
@@ -94,11 +95,11 @@ func TestTxnAllOrNothing(t *testing.T) {
 	if !errors.Is(err, fencekv.ErrNotHolder) {
 		t.Fatalf("held txn after release: %v; want not_holder", err)
 	}
-	if got := state(); got != after {
+	if got := dump(); got != after {
 		t.Fatalf("refused txns changed state: %s; was %s", got, after)
 	}
 	// Bad input changes nothing.
-	for _, ops := range [][]fencekv.TxnOp{nil, {{Op: fencekv.OpAcquire, Key: []byte("k")}}, {{Op: fencekv.OpPut}}} {
+	for _, ops := range [][]fencekv.TxnOp{nil, {{Op: state.OpAcquire, Key: []byte("k")}}, {{Op: fencekv.OpPut}}} {
 		if _, _, err := db.Txn(ctx, nil, ops, fencekv.WriteOptions{}); !errors.Is(err, fencekv.ErrBadRequest) {
 			t.Errorf("txn %+v: %v; want bad_request", ops, err)
 		}

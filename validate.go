@@ -1,6 +1,10 @@
 package fencekv
 
-import "time"
+import (
+	"time"
+
+	"github.com/fencekv/fencekv/state"
+)
 
 // Validation: what every node checks before a command is applied or
 // proposed, so that bad input is refused with a clear code and changes
@@ -95,7 +99,7 @@ func (o *Options) CheckTxn(compares []Compare, ops []TxnOp, w WriteOptions) erro
 	size := 0
 	for i, op := range ops {
 		switch op.Op {
-		case OpPut, OpDelete, OpIncr:
+		case state.OpPut, state.OpDelete, state.OpIncr:
 		default:
 			return errorf(CodeBadRequest, "txn op %d: %q is not put, delete or incr", i, op.Op)
 		}

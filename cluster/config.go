@@ -1,21 +1,3 @@
-// Package cluster runs fencekv on three or five nodes that keep one store:
-// hashicorp/raft replicates the engine's commands, hashicorp/memberlist
-// finds the nodes and tells which are alive. Every guarantee of a single
-// node holds for the cluster as a whole across the loss of any minority of
-// nodes, leader changes, pauses and partitions.
-//
-// The pieces, one file each:
-//
-//   - fsm.go: raft's FSM is the engine's state machine (fencekv.Machine),
-//     applied in batches; its snapshot is the bbolt file.
-//   - node.go: Node, which serves the wire protocol's Engine on every
-//     node: the leader proposes commands and answers reads after a quorum
-//     round (read.go); the others forward to it in one hop (forward.go).
-//   - leader.go: what only the leader runs: re-arming leases through a
-//     replicated command when it takes over, the expiry loop, the FIFO
-//     queues of blocking acquires and their hand-offs.
-//   - members.go: gossip membership, bootstrap, adding and reaping raft
-//     servers, and the members method.
 package cluster
 
 import (
@@ -99,6 +81,9 @@ func DefaultConfig() Config {
 }
 
 func (c *Config) validate() error {
+	if err := c.Engine.Validate(); err != nil {
+		return err
+	}
 	switch {
 	case c.Name == "":
 		return errors.New("cluster: the node needs a name (--node)")

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -105,12 +106,12 @@ func read[T any](ctx context.Context, n *Node, fn func(context.Context) (T, erro
 	}, remote)
 }
 
-func (n *Node) write(ctx context.Context, c fencekv.Command, w fencekv.WriteOptions, remote func(*wire.Client) (fencekv.Result, error)) (fencekv.Result, error) {
+func (n *Node) write(ctx context.Context, c state.Command, w fencekv.WriteOptions, remote func(*wire.Client) (state.Result, error)) (state.Result, error) {
 	if err := n.opts.CheckWrite(c.Key, c.Value, w); err != nil {
-		return fencekv.Result{}, err
+		return state.Result{}, err
 	}
 	c.Write.Token, c.Write.Strict, c.Lock = w.Token, w.Strict, w.Lock
-	r, err := route(ctx, n, true, func(ctx context.Context) (fencekv.Result, error) { return n.propose(ctx, c) }, remote)
+	r, err := route(ctx, n, true, func(ctx context.Context) (state.Result, error) { return n.propose(ctx, c) }, remote)
 	if err == nil {
 		err = r.Err
 	}
@@ -133,22 +134,22 @@ func (n *Node) Refusals(ctx context.Context, since uint64, limit int) ([]fencekv
 	return rs, last, nil
 }
 
-func written(r fencekv.Result, err error) (fencekv.WriteResult, error) {
+func written(r state.Result, err error) (fencekv.WriteResult, error) {
 	if err != nil {
 		return fencekv.WriteResult{}, err
 	}
 	return fencekv.WriteResult{Fence: r.Entry.Fence, Revision: r.Entry.Revision}, nil
 }
 
-func entry(res fencekv.WriteResult) fencekv.Result {
-	var r fencekv.Result
+func entry(res fencekv.WriteResult) state.Result {
+	var r state.Result
 	r.Entry.Fence, r.Entry.Revision = res.Fence, res.Revision
 	return r
 }
 
 // Put writes value to key once a quorum has it (G6).
 func (n *Node) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
-	return written(n.write(ctx, fencekv.Command{Op: fencekv.OpPut, Key: key, Value: value}, w, func(c *wire.Client) (fencekv.Result, error) {
+	return written(n.write(ctx, state.Command{Op: state.OpPut, Key: key, Value: value}, w, func(c *wire.Client) (state.Result, error) {
 		res, err := c.Put(ctx, key, value, w)
 		return entry(res), err
 	}))
@@ -156,7 +157,7 @@ func (n *Node) Put(ctx context.Context, key, value []byte, w fencekv.WriteOption
 
 // Delete removes key; its fence survives.
 func (n *Node) Delete(ctx context.Context, key []byte, w fencekv.WriteOptions) (bool, fencekv.WriteResult, error) {
-	r, err := n.write(ctx, fencekv.Command{Op: fencekv.OpDelete, Key: key}, w, func(c *wire.Client) (fencekv.Result, error) {
+	r, err := n.write(ctx, state.Command{Op: state.OpDelete, Key: key}, w, func(c *wire.Client) (state.Result, error) {
 		deleted, res, err := c.Delete(ctx, key, w)
 		r := entry(res)
 		r.Deleted = deleted
@@ -168,7 +169,7 @@ func (n *Node) Delete(ctx context.Context, key []byte, w fencekv.WriteOptions) (
 
 // CAS writes value if key is at revision rev.
 func (n *Node) CAS(ctx context.Context, key []byte, rev fencekv.Revision, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
-	return written(n.write(ctx, fencekv.Command{Op: fencekv.OpCAS, Key: key, Revision: rev, Value: value}, w, func(c *wire.Client) (fencekv.Result, error) {
+	return written(n.write(ctx, state.Command{Op: state.OpCAS, Key: key, Revision: rev, Value: value}, w, func(c *wire.Client) (state.Result, error) {
 		res, err := c.CAS(ctx, key, rev, value, w)
 		return entry(res), err
 	}))
@@ -176,7 +177,7 @@ func (n *Node) CAS(ctx context.Context, key []byte, rev fencekv.Revision, value 
 
 // Incr adds delta to the integer at key.
 func (n *Node) Incr(ctx context.Context, key []byte, delta int64, w fencekv.WriteOptions) (int64, fencekv.WriteResult, error) {
-	r, err := n.write(ctx, fencekv.Command{Op: fencekv.OpIncr, Key: key, Delta: delta}, w, func(c *wire.Client) (fencekv.Result, error) {
+	r, err := n.write(ctx, state.Command{Op: state.OpIncr, Key: key, Delta: delta}, w, func(c *wire.Client) (state.Result, error) {
 		v, res, err := c.Incr(ctx, key, delta, w)
 		r := entry(res)
 		r.Int = v
@@ -207,7 +208,7 @@ func (n *Node) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Entry
 		return nil, false, err
 	}
 	p, err := read(ctx, n, func(context.Context) (page[fencekv.Entry], error) {
-		items, more, err := n.m.Scan(o, limit, n.opts.MaxScanBytes)
+		items, more, err := n.m.Scan(o.Prefix, o.Start, limit, n.opts.MaxScanBytes)
 		return page[fencekv.Entry]{items, more}, err
 	}, func(c *wire.Client) (page[fencekv.Entry], error) {
 		items, more, err := c.Scan(ctx, o)
@@ -286,10 +287,10 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 	if err != nil {
 		return fencekv.Lease{}, err
 	}
-	req := fencekv.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}
+	req := state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}
 	switch {
 	case n.m.Waiting(name) == 0:
-		r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Lease: req}, term)
+		r, err := n.apply(state.Command{Op: state.OpAcquire, Lease: req}, term)
 		if err != nil {
 			return fencekv.Lease{}, err
 		}
@@ -303,7 +304,7 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 		// Waiters come first (FIFO): the lock goes to them.
 		return fencekv.Lease{}, n.lockHeld(name)
 	}
-	w := fencekv.NewWaiter(name, ttl, ao)
+	w := state.NewWaiter(state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay})
 	if err := n.m.Enqueue(w, n.opts.MaxWaiters); err != nil {
 		return fencekv.Lease{}, err
 	}
@@ -330,8 +331,8 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 			<-w.Done()
 			if w.Err == nil {
 				// Nobody will use this grant: give the lock to the next.
-				_, _ = n.propose(context.Background(), fencekv.Command{Op: fencekv.OpRelease,
-					Lease: fencekv.LeaseRequest{Name: name}, Token: w.Grant.Token})
+				_, _ = n.propose(context.Background(), state.Command{Op: state.OpRelease,
+					Lease: state.LeaseRequest{Name: name}, Token: w.Grant.Token})
 			}
 		}
 		return fencekv.Lease{}, ctx.Err()
@@ -351,7 +352,7 @@ func (n *Node) Renew(ctx context.Context, name string, token fencekv.Token) (tim
 	if err := n.opts.CheckName(name); err != nil {
 		return 0, err
 	}
-	c := fencekv.Command{Op: fencekv.OpRenew, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
+	c := state.Command{Op: state.OpRenew, Lease: state.LeaseRequest{Name: name}, Token: token}
 	return route(ctx, n, true, func(ctx context.Context) (time.Duration, error) {
 		r, err := n.propose(ctx, c)
 		if err == nil {
@@ -366,7 +367,7 @@ func (n *Node) Release(ctx context.Context, name string, token fencekv.Token) er
 	if err := n.opts.CheckName(name); err != nil {
 		return err
 	}
-	c := fencekv.Command{Op: fencekv.OpRelease, Lease: fencekv.LeaseRequest{Name: name}, Token: token}
+	c := state.Command{Op: state.OpRelease, Lease: state.LeaseRequest{Name: name}, Token: token}
 	_, err := route(ctx, n, true, func(ctx context.Context) (struct{}, error) {
 		r, err := n.release(ctx, c)
 		if err == nil {
@@ -394,7 +395,9 @@ func (n *Node) Status(ctx context.Context) (fencekv.Status, error) {
 			s.Leader = n.cfg.ClientAddr
 		}
 	}
-	return s, n.m.Counters(&s)
+	c, err := n.m.Counters()
+	s.Counters = c
+	return s, err
 }
 
 // Txn applies ops, all or none, as one revision, if every compare holds.
@@ -402,12 +405,12 @@ func (n *Node) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencek
 	if err := n.opts.CheckTxn(compares, ops, w); err != nil {
 		return 0, nil, err
 	}
-	c := fencekv.Command{Op: fencekv.OpTxn, Compares: compares, Ops: ops, Lock: w.Lock}
+	c := state.Command{Op: state.OpTxn, Compares: compares, Ops: ops, Lock: w.Lock}
 	c.Write.Token, c.Write.Strict = w.Token, w.Strict
-	r, err := route(ctx, n, true, func(ctx context.Context) (fencekv.Result, error) { return n.propose(ctx, c) },
-		func(cl *wire.Client) (fencekv.Result, error) {
+	r, err := route(ctx, n, true, func(ctx context.Context) (state.Result, error) { return n.propose(ctx, c) },
+		func(cl *wire.Client) (state.Result, error) {
 			_, rs, err := cl.Txn(ctx, compares, ops, w)
-			return fencekv.Result{Txn: rs}, err
+			return state.Result{Txn: rs}, err
 		})
 	if err == nil {
 		err = r.Err
@@ -416,7 +419,7 @@ func (n *Node) Txn(ctx context.Context, compares []fencekv.Compare, ops []fencek
 		n.refusals.Note(ctx, &c, err, n.m.Grantee)
 		return 0, nil, err
 	}
-	return fencekv.TxnRevision(r.Txn), r.Txn, nil
+	return state.TxnRevision(r.Txn), r.Txn, nil
 }
 
 // Watch serves a watcher from this node's own applied log: any node

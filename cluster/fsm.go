@@ -9,12 +9,13 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/hashicorp/raft"
 )
 
 // fsm is raft's state machine: the engine's Machine, applied one batch of
 // committed log entries at a time. Each command entry holds a batch of
-// commands (fencekv.EncodeBatch); their results go back to the proposer
+// commands (state.EncodeBatch); their results go back to the proposer
 // through raft's ApplyFuture.
 //
 // The Machine keeps its state in its own bbolt file, with the last raft
@@ -26,7 +27,7 @@ import (
 // from raft's FSM goroutine, one at a time; a snapshot's Persist runs
 // concurrently with later ApplyBatch calls.
 type fsm struct {
-	m   *fencekv.Machine
+	m   *state.Machine
 	log *slog.Logger
 
 	// freed receives the names of locks that a command freed (a release
@@ -63,7 +64,7 @@ const (
 	checkpointEntries = 4096
 )
 
-func newFSM(m *fencekv.Machine, log *slog.Logger, freed func(string)) *fsm {
+func newFSM(m *state.Machine, log *slog.Logger, freed func(string)) *fsm {
 	return &fsm{m: m, log: log, freed: freed, applied: m.Applied(), change: make(chan struct{}), lastCkpt: time.Now()}
 }
 
@@ -71,7 +72,7 @@ func newFSM(m *fencekv.Machine, log *slog.Logger, freed func(string)) *fsm {
 func (f *fsm) Apply(l *raft.Log) any { return f.ApplyBatch([]*raft.Log{l})[0] }
 
 // ApplyBatch applies committed entries in order. A command entry's
-// response is a []fencekv.Result, one per command; an entry the machine
+// response is a []state.Result, one per command; an entry the machine
 // could not apply (it failed: storage error, or a log of a newer version)
 // answers an error, and the machine stays failed.
 func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
@@ -123,14 +124,14 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 }
 
 func (f *fsm) applyEntry(l *raft.Log) any {
-	cmds, err := fencekv.DecodeBatch(l.Data)
+	cmds, err := state.DecodeBatch(l.Data)
 	if err != nil {
 		err = fmt.Errorf("cluster: raft entry %d: %w", l.Index, err)
 		f.m.Fail(err)
 		f.log.Error("cannot apply the replicated log; this node stops applying", "err", err)
 		return err
 	}
-	res := make([]fencekv.Result, len(cmds))
+	res := make([]state.Result, len(cmds))
 	for i := range cmds {
 		r, err := f.m.Apply(&cmds[i])
 		if err != nil {
@@ -180,10 +181,11 @@ func (f *fsm) Snapshot() (raft.FSMSnapshot, error) {
 	// Nothing is applied while raft takes the snapshot: the published
 	// counters are the snapshot's index's (a backup reports them; the
 	// file it persists may be newer).
-	var st fencekv.Status
-	if err := f.m.Counters(&st); err != nil {
+	c, err := f.m.Counters()
+	if err != nil {
 		return nil, err
 	}
+	st := fencekv.Status{Counters: c}
 	f.smu.Lock()
 	f.snaps++
 	f.snapSt = st
@@ -215,7 +217,7 @@ func (f *fsm) Restore(rc io.ReadCloser) error {
 
 // snapshot streams the machine's data file to raft's snapshot store,
 // reading it only when raft persists it (see Snapshot).
-type snapshot struct{ m *fencekv.Machine }
+type snapshot struct{ m *state.Machine }
 
 func (s *snapshot) Persist(sink raft.SnapshotSink) error {
 	fs, err := s.m.FileSnapshot()

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/hashicorp/go-hclog"
 	"github.com/hashicorp/raft"
 )
@@ -23,7 +24,7 @@ import (
 
 type memNode struct {
 	id    raft.ServerID
-	m     *fencekv.Machine
+	m     *state.Machine
 	fsm   *fsm
 	raft  *raft.Raft
 	trans *raft.InmemTransport
@@ -99,13 +100,13 @@ func memLeader(t *testing.T, nodes []*memNode) *memNode {
 
 // propose applies commands as one entry through the leader and returns
 // their results.
-func propose(t *testing.T, nd *memNode, cmds ...fencekv.Command) []fencekv.Result {
+func propose(t *testing.T, nd *memNode, cmds ...state.Command) []state.Result {
 	t.Helper()
-	f := nd.raft.Apply(fencekv.EncodeBatch(cmds), 5*time.Second)
+	f := nd.raft.Apply(state.EncodeBatch(cmds), 5*time.Second)
 	if err := f.Error(); err != nil {
 		t.Fatal(err)
 	}
-	res, ok := f.Response().([]fencekv.Result)
+	res, ok := f.Response().([]state.Result)
 	if !ok {
 		t.Fatalf("response %#v", f.Response())
 	}
@@ -134,8 +135,8 @@ func TestFSMReplicates(t *testing.T) {
 	nodes := memGroup(t, 3)
 	l := memLeader(t, nodes)
 	res := propose(t, l,
-		fencekv.Command{Op: fencekv.OpRearm, Term: 1},
-		fencekv.Command{Op: fencekv.OpAcquire, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Minute}},
+		state.Command{Op: state.OpRearm, Term: 1},
+		state.Command{Op: state.OpAcquire, Lease: state.LeaseRequest{Name: "L", TTL: time.Minute}},
 		put("k", "v", 1),
 		put("k", "stale", 0),
 	)
@@ -156,13 +157,13 @@ func TestFSMReplicates(t *testing.T) {
 
 // rearmedTwice is a group whose leader re-armed in term 1, granted lock L
 // (g) with a TTL of 1s, then re-armed in term 2, as a new leader would.
-func rearmedTwice(t *testing.T) ([]*memNode, *memNode, fencekv.Result) {
+func rearmedTwice(t *testing.T) ([]*memNode, *memNode, state.Result) {
 	t.Helper()
 	nodes := memGroup(t, 3)
 	l := memLeader(t, nodes)
-	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 1})
-	g := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
-	propose(t, l, fencekv.Command{Op: fencekv.OpRearm, Term: 2, Now: time.Millisecond})
+	propose(t, l, state.Command{Op: state.OpRearm, Term: 1})
+	g := propose(t, l, state.Command{Op: state.OpAcquire, Term: 1, Lease: state.LeaseRequest{Name: "L", TTL: time.Second}})[0]
+	propose(t, l, state.Command{Op: state.OpRearm, Term: 2, Now: time.Millisecond})
 	return nodes, l, g
 }
 
@@ -171,7 +172,7 @@ func rearmedTwice(t *testing.T) ([]*memNode, *memNode, fencekv.Result) {
 // on every node, however late the time it carries.
 func TestFSMOldLeaderExpiryIgnored(t *testing.T) {
 	nodes, l, g := rearmedTwice(t)
-	r := propose(t, l, fencekv.Command{Op: fencekv.OpExpire, Term: 1, Now: time.Hour, Lease: fencekv.LeaseRequest{Name: "L"}})[0]
+	r := propose(t, l, state.Command{Op: state.OpExpire, Term: 1, Now: time.Hour, Lease: state.LeaseRequest{Name: "L"}})[0]
 	if !r.Noop {
 		t.Fatalf("old-term expiry = %+v; want a no-op", r)
 	}
@@ -189,7 +190,7 @@ func TestFSMOldLeaderExpiryIgnored(t *testing.T) {
 func TestFSMSnapshotInstall(t *testing.T) {
 	nodes := memGroup(t, 3)
 	l := memLeader(t, nodes)
-	var cmds []fencekv.Command
+	var cmds []state.Command
 	for i := range 200 {
 		cmds = append(cmds, put(fmt.Sprintf("k%03d", i), "v", fencekv.Token(i)))
 	}
@@ -199,7 +200,7 @@ func TestFSMSnapshotInstall(t *testing.T) {
 	if err := l.raft.Snapshot().Error(); err != nil {
 		t.Fatal(err)
 	}
-	propose(t, l, fencekv.Command{Op: fencekv.OpPut, Key: []byte("after"), Value: []byte("v")})
+	propose(t, l, state.Command{Op: state.OpPut, Key: []byte("after"), Value: []byte("v")})
 
 	late := newMemNode(t, 3)
 	for _, nd := range nodes {
@@ -222,8 +223,8 @@ func TestFSMSnapshotInstall(t *testing.T) {
 	}
 }
 
-func put(key, value string, token fencekv.Token) fencekv.Command {
-	c := fencekv.Command{Op: fencekv.OpPut, Key: []byte(key), Value: []byte(value)}
+func put(key, value string, token fencekv.Token) state.Command {
+	c := state.Command{Op: state.OpPut, Key: []byte(key), Value: []byte(value)}
 	c.Write.Token = token
 	return c
 }
@@ -237,7 +238,7 @@ func (s *memSink) Close() error  { return nil }
 
 func fileFSM(t *testing.T) *fsm {
 	t.Helper()
-	m, err := fencekv.OpenMachine(filepath.Join(t.TempDir(), fencekv.DataFile), true)
+	m, err := state.OpenMachine(filepath.Join(t.TempDir(), fencekv.DataFile), true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -246,7 +247,7 @@ func fileFSM(t *testing.T) *fsm {
 }
 
 func putEntry(index uint64, key string) *raft.Log {
-	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: fencekv.EncodeBatch([]fencekv.Command{put(key, "v", 0)})}
+	return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: state.EncodeBatch([]state.Command{put(key, "v", 0)})}
 }
 
 // TestFSMRestoreWithSnapshotPending: raft holds a snapshot of the FSM,
@@ -310,14 +311,14 @@ func TestFSMRestoreWithSnapshotPending(t *testing.T) {
 func TestFSMOldTermCommandRefused(t *testing.T) {
 	nodes, l, g := rearmedTwice(t)
 	// Term 1's clock says the lease ran out long ago.
-	r := propose(t, l, fencekv.Command{Op: fencekv.OpAcquire, Term: 1, Now: time.Hour, Lease: fencekv.LeaseRequest{Name: "L", TTL: time.Second}})[0]
+	r := propose(t, l, state.Command{Op: state.OpAcquire, Term: 1, Now: time.Hour, Lease: state.LeaseRequest{Name: "L", TTL: time.Second}})[0]
 	if !errors.Is(r.Err, fencekv.ErrUnavailable) {
 		t.Fatalf("an acquire of term 1 after the rearm of term 2 = %+v; want refused unavailable", r)
 	}
-	if r := propose(t, l, put("k", "old", 0), fencekv.Command{Op: fencekv.OpPut, Term: 1, Key: []byte("k"), Value: []byte("stale")})[1]; !errors.Is(r.Err, fencekv.ErrUnavailable) {
+	if r := propose(t, l, put("k", "old", 0), state.Command{Op: state.OpPut, Term: 1, Key: []byte("k"), Value: []byte("stale")})[1]; !errors.Is(r.Err, fencekv.ErrUnavailable) {
 		t.Fatalf("a put of term 1 after the rearm of term 2 = %+v; want refused", r)
 	}
-	if r := propose(t, l, fencekv.Command{Op: fencekv.OpPut, Term: 2, Key: []byte("k2"), Value: []byte("v")})[0]; r.Err != nil {
+	if r := propose(t, l, state.Command{Op: state.OpPut, Term: 2, Key: []byte("k2"), Value: []byte("v")})[0]; r.Err != nil {
 		t.Fatalf("a put of term 2: %v", r.Err)
 	}
 	waitApplied(t, nodes, l.raft.LastIndex())

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wire"
 	"github.com/hashicorp/raft"
 )
@@ -60,7 +61,7 @@ func (n *Node) watchLeadership() {
 		case leader := <-n.notify:
 			// Whatever comes, the leadership this node had is over: no
 			// request may be served as its leader while its loops stop
-			// (machine.go refuses what still carries its term).
+			// (the state machine refuses what still carries its term).
 			n.setLeadership(false, 0)
 			if stopLeading != nil {
 				stopLeading()
@@ -180,7 +181,7 @@ func (n *Node) takeOver(term uint64) error {
 	if err := n.raft.Barrier(n.cfg.HoldTimeout).Error(); err != nil {
 		return fmt.Errorf("barrier: %w", err)
 	}
-	_, err := n.apply(fencekv.Command{Op: fencekv.OpRearm}, term)
+	_, err := n.apply(state.Command{Op: state.OpRearm}, term)
 	return err
 }
 
@@ -290,17 +291,17 @@ func (n *Node) leaderClientAddr() (string, bool) {
 // (propose.go), which stamps the entry's time. An error that is not a
 // *fencekv.Error's refusal says whether the command may have been
 // applied.
-func (n *Node) apply(c fencekv.Command, term uint64) (fencekv.Result, error) {
+func (n *Node) apply(c state.Command, term uint64) (state.Result, error) {
 	c.Term = term
 	return n.props.apply(c)
 }
 
 // propose runs c on the leader: here if this node is the ready leader
 // (stamping its time and term), else errForward.
-func (n *Node) propose(ctx context.Context, c fencekv.Command) (fencekv.Result, error) {
+func (n *Node) propose(ctx context.Context, c state.Command) (state.Result, error) {
 	term, err := n.awaitReady(ctx)
 	if err != nil {
-		return fencekv.Result{}, err
+		return state.Result{}, err
 	}
 	return n.apply(c, term)
 }
@@ -311,24 +312,24 @@ func (n *Node) propose(ctx context.Context, c fencekv.Command) (fencekv.Result, 
 // than in one more (the FIFO hand-off of a single node, in one
 // transaction). If the release is refused and the lock stays taken, the
 // waiter goes back to the head of its queue.
-func (n *Node) release(ctx context.Context, c fencekv.Command) (fencekv.Result, error) {
+func (n *Node) release(ctx context.Context, c state.Command) (state.Result, error) {
 	term, err := n.awaitReady(ctx)
 	if err != nil {
-		return fencekv.Result{}, err
+		return state.Result{}, err
 	}
 	c.Now, c.Term = n.now(), term
-	var w *fencekv.Waiter
+	var w *state.Waiter
 	if n.m.Waiting(c.Lease.Name) > 0 {
 		w = n.m.Pop(c.Lease.Name)
 	}
 	if w == nil {
 		return n.apply(c, term)
 	}
-	rs, err := n.props.applyGroup(c, fencekv.Command{Op: fencekv.OpAcquire, Now: c.Now, Term: term, Lease: w.Req})
+	rs, err := n.props.applyGroup(c, state.Command{Op: state.OpAcquire, Now: c.Now, Term: term, Lease: w.Req})
 	switch {
 	case err != nil:
-		w.Finish(fencekv.Grant{}, err)
-		return fencekv.Result{}, err
+		w.Finish(state.Grant{}, err)
+		return state.Result{}, err
 	case errors.Is(rs[1].Err, fencekv.ErrLockHeld):
 		n.m.Requeue(w)
 		n.kick(c.Lease.Name) // freed meanwhile, while w was out of its queue: the hand-off loop looks
@@ -381,9 +382,9 @@ func (n *Node) expire(locks []string, term uint64) error {
 	if len(locks) == 0 {
 		return nil
 	}
-	cmds := make([]fencekv.Command, len(locks))
+	cmds := make([]state.Command, len(locks))
 	for i, name := range locks {
-		cmds[i] = fencekv.Command{Op: fencekv.OpExpire, Lease: fencekv.LeaseRequest{Name: name}, Term: term}
+		cmds[i] = state.Command{Op: state.OpExpire, Lease: state.LeaseRequest{Name: name}, Term: term}
 	}
 	_, err := n.props.applyGroup(cmds...)
 	return err
@@ -442,7 +443,7 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 				if w == nil {
 					break
 				}
-				r, err := n.apply(fencekv.Command{Op: fencekv.OpAcquire, Lease: w.Req}, term)
+				r, err := n.apply(state.Command{Op: state.OpAcquire, Lease: w.Req}, term)
 				if err == nil && errors.Is(r.Err, fencekv.ErrLockHeld) {
 					n.m.Requeue(w)
 					break
@@ -469,7 +470,7 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 func (n *Node) drainWaiters(err error) {
 	for _, name := range n.m.QueuedLocks() {
 		for w := n.m.Pop(name); w != nil; w = n.m.Pop(name) {
-			w.Finish(fencekv.Grant{}, err)
+			w.Finish(state.Grant{}, err)
 		}
 	}
 }

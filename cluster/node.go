@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wal"
 	"github.com/fencekv/fencekv/wire"
 	"github.com/hashicorp/go-hclog"
@@ -47,7 +48,7 @@ type Node struct {
 	log   *slog.Logger
 	epoch time.Time
 
-	m     *fencekv.Machine // write side owned by raft's FSM goroutine
+	m     *state.Machine // write side owned by raft's FSM goroutine
 	fsm   *fsm
 	raft  *raft.Raft
 	trans *raft.NetworkTransport
@@ -127,7 +128,7 @@ func Open(cfg Config) (n *Node, err error) {
 		}
 	}()
 
-	n.m, err = fencekv.OpenMachine(filepath.Join(cfg.Dir, fencekv.DataFile), cfg.Engine.NoSync)
+	n.m, err = state.OpenMachine(filepath.Join(cfg.Dir, fencekv.DataFile), cfg.Engine.NoSync)
 	if err != nil {
 		return nil, err
 	}

@@ -6,11 +6,12 @@ import (
 	"sync"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/hashicorp/raft"
 )
 
 // Group commit on the leader: the commands proposed at the same time share
-// one raft entry (fencekv.EncodeBatch), so a raft round, the log stores'
+// one raft entry (state.EncodeBatch), so a raft round, the log stores'
 // writes and syncs on every node and the FSM's decoding are paid once per
 // batch rather than once per command. A proposal never waits for a batch
 // to fill: the proposer takes whatever is queued as soon as one of its
@@ -30,8 +31,8 @@ const maxEntryBytes = 1 << 20
 // right after the other in one entry (a release and the hand-off of the
 // lock it frees).
 type proposal struct {
-	cmds []fencekv.Command
-	res  []fencekv.Result
+	cmds []state.Command
+	res  []state.Result
 	err  error
 	done chan struct{}
 }
@@ -54,17 +55,17 @@ func newProposer(n *Node) *proposer {
 // apply proposes one command (its term set by the caller) and waits for its
 // result. An error that is not a *fencekv.Error's refusal says whether
 // the command may have been applied.
-func (p *proposer) apply(c fencekv.Command) (fencekv.Result, error) {
+func (p *proposer) apply(c state.Command) (state.Result, error) {
 	res, err := p.applyGroup(c)
 	if err != nil {
-		return fencekv.Result{}, err
+		return state.Result{}, err
 	}
 	return res[0], nil
 }
 
 // applyGroup proposes cmds in one entry, one right after the other, and
 // waits for their results.
-func (p *proposer) applyGroup(cmds ...fencekv.Command) ([]fencekv.Result, error) {
+func (p *proposer) applyGroup(cmds ...state.Command) ([]state.Result, error) {
 	pr := &proposal{cmds: cmds, done: make(chan struct{})}
 	p.mu.Lock()
 	if p.closed {
@@ -104,7 +105,7 @@ func (p *proposer) run() {
 				<-p.slots
 				break
 			}
-			var cmds []fencekv.Command
+			var cmds []state.Command
 			for _, pr := range batch {
 				cmds = append(cmds, pr.cmds...)
 			}
@@ -116,7 +117,7 @@ func (p *proposer) run() {
 			for i := range cmds {
 				cmds[i].Now = now
 			}
-			f := p.n.raft.Apply(fencekv.EncodeBatch(cmds), p.n.cfg.HoldTimeout)
+			f := p.n.raft.Apply(state.EncodeBatch(cmds), p.n.cfg.HoldTimeout)
 			p.n.wg.Add(1) // safe: this goroutine holds a count
 			go func() {
 				defer p.n.wg.Done()
@@ -168,7 +169,7 @@ func (p *proposer) failQueued(err error) {
 // finish waits for the entry's outcome and answers each of its commands.
 func finish(f raft.ApplyFuture, batch []*proposal) {
 	err := f.Error()
-	var res []fencekv.Result
+	var res []state.Result
 	if err != nil {
 		switch {
 		case errors.Is(err, raft.ErrNotLeader), errors.Is(err, raft.ErrLeadershipTransferInProgress), errors.Is(err, raft.ErrEnqueueTimeout):
@@ -185,7 +186,7 @@ func finish(f raft.ApplyFuture, batch []*proposal) {
 			n += len(pr.cmds)
 		}
 		switch r := f.Response().(type) {
-		case []fencekv.Result:
+		case []state.Result:
 			if len(r) == n {
 				res = r
 			} else {

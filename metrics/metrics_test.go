@@ -12,6 +12,7 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/metrics"
+	"github.com/fencekv/fencekv/state"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
@@ -90,8 +91,8 @@ fencekv_fencing_refusals_total{code="stale_token"} 2
 
 func TestStoreMetrics(t *testing.T) {
 	m := metrics.New()
-	m.Attach(&fakeStore{st: fencekv.Status{Role: "follower", LastToken: 42, Revision: 7, Locks: 3, Waiters: 2,
-		Grants: 9, Expiries: 4, Term: 5, CommitIndex: 100, AppliedIndex: 99, Leader: "127.0.0.1:7420"}}, nil)
+	m.Attach(&fakeStore{st: fencekv.Status{Role: "follower",
+		Counters: state.Counters{LastToken: 42, Revision: 7, Locks: 3, Waiters: 2, Grants: 9, Expiries: 4}, Term: 5, CommitIndex: 100, AppliedIndex: 99, Leader: "127.0.0.1:7420"}}, nil)
 	want := `
 # HELP fencekv_last_token The highest fencing token the store has issued.
 # TYPE fencekv_last_token gauge

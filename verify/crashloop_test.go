@@ -32,6 +32,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -220,8 +221,8 @@ func (r *crashRun) runWriter(ctx context.Context, addr string, w *crashWriter) (
 			v := []byte(strconv.FormatInt(n, 10))
 			var rs []fencekv.TxnResult
 			_, rs, err = c.Txn(cctx, nil, []fencekv.TxnOp{
-				{Op: fencekv.OpPut, Key: []byte(w.key), Value: v},
-				{Op: fencekv.OpPut, Key: []byte(w.key + "/twin"), Value: v},
+				{Op: state.OpPut, Key: []byte(w.key), Value: v},
+				{Op: state.OpPut, Key: []byte(w.key + "/twin"), Value: v},
 			}, opts)
 			if err == nil {
 				res.Fence = rs[0].Fence

@@ -421,7 +421,7 @@ func (w linState) apply(in linInput, out linOutput) (linState, bool) {
 	}
 
 	// A write: lock check (G4), then the fence (G2, G3), then the op's own
-	// condition, as DESIGN.md orders the refusals.
+	// condition, as wire/PROTOCOL.md §4.1 orders the refusals.
 	if in.Held {
 		l := w.Lock
 		switch {

@@ -15,6 +15,7 @@ import (
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/auth"
 	"github.com/fencekv/fencekv/fencekvtest"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -145,14 +146,14 @@ func calls(held fencekv.Token) []call {
 		{"members", func(ctx context.Context, c *wire.Client) error { return refused(c.Members(ctx)) }},
 		{"ping", func(ctx context.Context, c *wire.Client) error { return refused(c.Ping(ctx)) }},
 		{"txn a/", func(ctx context.Context, c *wire.Client) error {
-			_, _, err := c.Txn(ctx, []fencekv.Compare{{Key: b("a/1"), Revision: 999}}, []fencekv.TxnOp{{Op: fencekv.OpPut, Key: b("a/t"), Value: b("v")}}, w)
+			_, _, err := c.Txn(ctx, []fencekv.Compare{{Key: b("a/1"), Revision: 999}}, []fencekv.TxnOp{{Op: state.OpPut, Key: b("a/t"), Value: b("v")}}, w)
 			if errors.Is(err, fencekv.ErrCompareFailed) {
 				return nil // past the rights; the compare keeps it from writing
 			}
 			return err
 		}},
 		{"txn b/", func(ctx context.Context, c *wire.Client) error {
-			_, _, err := c.Txn(ctx, nil, []fencekv.TxnOp{{Op: fencekv.OpPut, Key: b("a/t"), Value: b("v")}, {Op: fencekv.OpPut, Key: b("b/t"), Value: b("v")}}, w)
+			_, _, err := c.Txn(ctx, nil, []fencekv.TxnOp{{Op: state.OpPut, Key: b("a/t"), Value: b("v")}, {Op: state.OpPut, Key: b("b/t"), Value: b("v")}}, w)
 			return err
 		}},
 		{"refusals", func(ctx context.Context, c *wire.Client) error {

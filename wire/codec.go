@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/vmihailenco/msgpack/v5"
 	"github.com/vmihailenco/msgpack/v5/msgpcode"
 )
@@ -651,11 +652,11 @@ func decodeOps(dec *msgpack.Decoder) ([]fencekv.TxnOp, error) {
 				b, err = decodeBytes(dec)
 				switch string(b) {
 				case "put":
-					op.Op = fencekv.OpPut
+					op.Op = state.OpPut
 				case "delete":
-					op.Op = fencekv.OpDelete
+					op.Op = state.OpDelete
 				case "incr":
-					op.Op = fencekv.OpIncr
+					op.Op = state.OpIncr
 				default:
 					err = fmt.Errorf("op %.32q: want put, delete or incr", b)
 				}

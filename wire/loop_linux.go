@@ -17,6 +17,7 @@ import (
 	"unsafe"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -523,7 +524,7 @@ func (l *eventLoop) handed() { l.gone++ }
 // start starts a write read this round (start.go). When no batch is
 // being committed, the loop is made the leader, and commits at the end of
 // the round every write started in it.
-func (l *eventLoop) start(ctx context.Context, cmd fencekv.Command, w fencekv.WriteOptions, then func(fencekv.Result)) {
+func (l *eventLoop) start(ctx context.Context, cmd state.Command, w fencekv.WriteOptions, then func(state.Result)) {
 	l.starts++
 	if l.s.db.StartLed(ctx, cmd, w, then) {
 		l.leads = true

@@ -9,6 +9,7 @@ import (
 	"context"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 )
 
 type eventLoop struct{}
@@ -21,7 +22,7 @@ func (l *eventLoop) stop(*conn)     {}
 func (l *eventLoop) close()         {}
 func (l *eventLoop) handed()        {}
 func (l *eventLoop) later(*conn)    {}
-func (l *eventLoop) start(context.Context, fencekv.Command, fencekv.WriteOptions, func(fencekv.Result)) {
+func (l *eventLoop) start(context.Context, state.Command, fencekv.WriteOptions, func(state.Result)) {
 }
 func (c *conn) flushRaw([]*encoder, int, bool) {}
 func (c *conn) releaseRaw()                    {}

@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 )
 
 // A method reads its arguments and, on success, writes its result map to e
@@ -103,20 +104,20 @@ func waited(st starter) method {
 
 // exec applies cmd, a write of a starter, through the engine's method for
 // it, and returns the outcome as the command's Result.
-func exec(ctx context.Context, eng Engine, cmd fencekv.Command, w fencekv.WriteOptions) (r fencekv.Result) {
+func exec(ctx context.Context, eng Engine, cmd state.Command, w fencekv.WriteOptions) (r state.Result) {
 	var wr fencekv.WriteResult
 	switch cmd.Op {
-	case fencekv.OpPut:
+	case state.OpPut:
 		wr, r.Err = eng.Put(ctx, cmd.Key, cmd.Value, w)
-	case fencekv.OpDelete:
+	case state.OpDelete:
 		r.Deleted, wr, r.Err = eng.Delete(ctx, cmd.Key, w)
-	case fencekv.OpCAS:
+	case state.OpCAS:
 		wr, r.Err = eng.CAS(ctx, cmd.Key, cmd.Revision, cmd.Value, w)
-	case fencekv.OpIncr:
+	case state.OpIncr:
 		r.Int, wr, r.Err = eng.Incr(ctx, cmd.Key, cmd.Delta, w)
-	case fencekv.OpRenew:
+	case state.OpRenew:
 		r.TTL, r.Err = eng.Renew(ctx, cmd.Lease.Name, cmd.Token)
-	case fencekv.OpRelease:
+	case state.OpRelease:
 		r.Err = eng.Release(ctx, cmd.Lease.Name, cmd.Token)
 	default:
 		r.Err = fmt.Errorf("wire: no engine method for op %d", cmd.Op)
@@ -126,13 +127,13 @@ func exec(ctx context.Context, eng Engine, cmd fencekv.Command, w fencekv.WriteO
 }
 
 // audit logs the outcome of a lock method to the lock audit trail.
-func audit(ctx context.Context, op fencekv.Op, a *args, r fencekv.Result) {
+func audit(ctx context.Context, op fencekv.Op, a *args, r state.Result) {
 	switch op {
-	case fencekv.OpAcquire:
+	case state.OpAcquire:
 		auditAcquire(ctx, a, fencekv.Lease{Name: a.lock, Token: r.Grant.Token, TTL: r.Grant.TTL}, r.Err)
-	case fencekv.OpRenew:
+	case state.OpRenew:
 		auditRenew(ctx, a, r.Err)
-	case fencekv.OpRelease:
+	case state.OpRelease:
 		auditRelease(ctx, a, r.Err)
 	}
 }
@@ -496,7 +497,7 @@ func txn(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	e.EncodeString("results")
 	e.EncodeArrayLen(len(rs))
 	for i, r := range rs {
-		incr := a.ops[i].Op == fencekv.OpIncr
+		incr := a.ops[i].Op == state.OpIncr
 		e.EncodeMapLen(3 + b2i(incr))
 		e.bin("key", r.Key)
 		e.uint("fence", uint64(r.Fence))

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 )
 
 // Started writes. On the event loop, a write to a *fencekv.DB needs no
@@ -19,7 +20,7 @@ import (
 
 // starter checks a write's arguments and returns its command and fencing,
 // and the encoder of its result map from the command's Result.
-type starter func(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error)
+type starter func(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error)
 
 // starters are the methods the event loop starts.
 var starters = map[string]starter{
@@ -32,79 +33,79 @@ var starters = map[string]starter{
 	"release": startRelease,
 }
 
-func writtenOf(r fencekv.Result) fencekv.WriteResult {
+func writtenOf(r state.Result) fencekv.WriteResult {
 	return fencekv.WriteResult{Fence: r.Entry.Fence, Revision: r.Entry.Revision}
 }
 
-func startPut(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startPut(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fKey, fValue); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
 	w, err := a.write()
-	return fencekv.Command{Op: fencekv.OpPut, Key: a.key, Value: a.value}, w, func(e *encoder, _ *args, r fencekv.Result) {
+	return state.Command{Op: state.OpPut, Key: a.key, Value: a.value}, w, func(e *encoder, _ *args, r state.Result) {
 		e.written(writtenOf(r), 0)
 	}, err
 }
 
-func startDelete(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startDelete(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fKey); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
 	w, err := a.write()
-	return fencekv.Command{Op: fencekv.OpDelete, Key: a.key}, w, func(e *encoder, _ *args, r fencekv.Result) {
+	return state.Command{Op: state.OpDelete, Key: a.key}, w, func(e *encoder, _ *args, r state.Result) {
 		e.written(writtenOf(r), 1)
 		e.bool("deleted", r.Deleted)
 	}, err
 }
 
-func startCAS(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startCAS(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fKey, fRevision, fValue); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
 	w, err := a.write()
-	return fencekv.Command{Op: fencekv.OpCAS, Key: a.key, Revision: fencekv.Revision(a.revision), Value: a.value}, w, func(e *encoder, _ *args, r fencekv.Result) {
+	return state.Command{Op: state.OpCAS, Key: a.key, Revision: fencekv.Revision(a.revision), Value: a.value}, w, func(e *encoder, _ *args, r state.Result) {
 		e.written(writtenOf(r), 0)
 	}, err
 }
 
-func startIncr(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startIncr(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fKey, fDelta); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
 	w, err := a.write()
-	return fencekv.Command{Op: fencekv.OpIncr, Key: a.key, Delta: a.delta}, w, func(e *encoder, _ *args, r fencekv.Result) {
+	return state.Command{Op: state.OpIncr, Key: a.key, Delta: a.delta}, w, func(e *encoder, _ *args, r state.Result) {
 		e.written(writtenOf(r), 1)
 		e.int("value", r.Int)
 	}, err
 }
 
-func startAcquire(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startAcquire(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fLock, fTTL); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
-	c := fencekv.Command{Op: fencekv.OpAcquire, Lease: fencekv.LeaseRequest{Name: a.lock, TTL: ms(a.ttlMs), Holder: a.holder, LockDelay: ms(a.delayMs)}}
-	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r fencekv.Result) {
+	c := state.Command{Op: state.OpAcquire, Lease: state.LeaseRequest{Name: a.lock, TTL: ms(a.ttlMs), Holder: a.holder, LockDelay: ms(a.delayMs)}}
+	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r state.Result) {
 		e.granted(r.Grant.Token, r.Grant.TTL)
 	}, nil
 }
 
-func startRenew(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startRenew(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fLock, fToken); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
-	c := fencekv.Command{Op: fencekv.OpRenew, Lease: fencekv.LeaseRequest{Name: a.lock}, Token: fencekv.Token(a.token)}
-	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r fencekv.Result) {
+	c := state.Command{Op: state.OpRenew, Lease: state.LeaseRequest{Name: a.lock}, Token: fencekv.Token(a.token)}
+	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r state.Result) {
 		e.EncodeMapLen(1)
 		e.int("ttl_ms", toMs(r.TTL))
 	}, nil
 }
 
-func startRelease(a *args) (fencekv.Command, fencekv.WriteOptions, func(*encoder, *args, fencekv.Result), error) {
+func startRelease(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error) {
 	if err := need(a, fLock, fToken); err != nil {
-		return fencekv.Command{}, fencekv.WriteOptions{}, nil, err
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
-	c := fencekv.Command{Op: fencekv.OpRelease, Lease: fencekv.LeaseRequest{Name: a.lock}, Token: fencekv.Token(a.token)}
-	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r fencekv.Result) {
+	c := state.Command{Op: state.OpRelease, Lease: state.LeaseRequest{Name: a.lock}, Token: fencekv.Token(a.token)}
+	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r state.Result) {
 		e.EncodeMapLen(0)
 	}, nil
 }
@@ -135,7 +136,7 @@ type started struct {
 	e      *encoder
 	ctx    context.Context
 	op     fencekv.Op
-	encode func(*encoder, *args, fencekv.Result)
+	encode func(*encoder, *args, state.Result)
 }
 
 // start serves m as handle does, with the engine's wait replaced by
@@ -161,7 +162,7 @@ func (c *conn) start(st starter, m message, a *args) {
 }
 
 // answer answers with the command's result; DB.Start calls it.
-func (s *started) answer(r fencekv.Result) {
+func (s *started) answer(r state.Result) {
 	var code fencekv.Code
 	defer func() {
 		if p := recover(); p != nil {

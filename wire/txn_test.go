@@ -7,6 +7,7 @@ import (
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/fencekvtest"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -21,9 +22,9 @@ func TestTxnOverTheWire(t *testing.T) {
 	}
 	defer c.Close()
 	ops := []fencekv.TxnOp{
-		{Op: fencekv.OpPut, Key: []byte("a"), Value: []byte("x")},
-		{Op: fencekv.OpIncr, Key: []byte("n"), Delta: 5},
-		{Op: fencekv.OpDelete, Key: []byte("gone")},
+		{Op: state.OpPut, Key: []byte("a"), Value: []byte("x")},
+		{Op: state.OpIncr, Key: []byte("n"), Delta: 5},
+		{Op: state.OpDelete, Key: []byte("gone")},
 	}
 	rev, rs, err := c.Txn(ctx, []fencekv.Compare{{Key: []byte("a")}}, ops, fencekv.WriteOptions{Token: 3})
 	if err != nil {

@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wire"
 	"github.com/urfave/cli/v2"
 )
@@ -54,7 +55,7 @@ Example: move 3 units from sku-1 to sku-2 while holding the lock
 				for i, r := range rs {
 					m := setText(map[string]any{"fence": r.Fence, "revision": r.Revision}, "key", r.Key)
 					line := fmt.Sprintf("%s %q fence=%d", ops[i].Op, r.Key, r.Fence)
-					if ops[i].Op == fencekv.OpIncr {
+					if ops[i].Op == state.OpIncr {
 						m["value"] = r.Int
 						line += fmt.Sprintf(" value=%d", r.Int)
 					}
@@ -104,11 +105,11 @@ func parseTxn(r io.Reader) ([]fencekv.Compare, []fencekv.TxnOp, error) {
 			if o.Value == nil {
 				return nil, nil, fmt.Errorf("op %d: put needs a value", i)
 			}
-			op.Op, op.Value = fencekv.OpPut, []byte(*o.Value)
+			op.Op, op.Value = state.OpPut, []byte(*o.Value)
 		case "delete":
-			op.Op = fencekv.OpDelete
+			op.Op = state.OpDelete
 		case "incr":
-			op.Op = fencekv.OpIncr
+			op.Op = state.OpIncr
 		default:
 			return nil, nil, fmt.Errorf("op %d: %q is not put, delete or incr", i, o.Op)
 		}

@@ -1,4 +1,4 @@
-package fencekv
+package state
 
 import (
 	"errors"
@@ -102,6 +102,14 @@ func (m *Machine) Grantee(t Token) (lock, holder string, ok bool) {
 	return g.lock, g.holder, ok
 }
 
+// Path is the data file's path.
+func (m *Machine) Path() string { return m.path }
+
+// SetApplyHook makes fn run before each command is applied, a panic in it
+// being a panic in apply: fault injection, for the tests of a driver. Set
+// it while no command is being applied.
+func (m *Machine) SetApplyHook(fn func(*Command)) { m.hook = fn }
+
 // OpenMachine opens (or creates) the data file at path and rebuilds the
 // lease index from it. Applied reports the last log index the file holds.
 func OpenMachine(path string, noSync bool) (*Machine, error) {
@@ -163,7 +171,7 @@ func (m *Machine) Apply(c *Command) (res Result, err error) {
 	}
 	defer func() {
 		if p := recover(); p != nil {
-			err = m.fail(fmt.Errorf("fencekv: applying %v: %w", c.Op, &panicError{p, debug.Stack()}))
+			err = m.fail(fmt.Errorf("fencekv: applying %v: %w", c.Op, &PanicError{p, debug.Stack()}))
 		}
 	}()
 	tx, err := m.store.Writer()
@@ -195,6 +203,9 @@ func (m *Machine) Fail(err error) {
 		m.fail(err)
 	}
 }
+
+// written converts a write's storage entry.
+func written(e kv.Entry, err error) (Entry, error) { return entry(e), err }
 
 func isRefusal(err error) bool {
 	var e *fence.Error
@@ -229,13 +240,17 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 	}
 	switch c.Op {
 	case OpPut:
-		r.Entry, r.Err = tx.Put(c.Key, c.Value, c.Write)
+		r.Entry, r.Err = written(tx.Put(c.Key, c.Value, c.Write))
 	case OpDelete:
-		r.Deleted, r.Entry, r.Err = tx.Delete(c.Key, c.Write)
+		var e kv.Entry
+		r.Deleted, e, r.Err = tx.Delete(c.Key, c.Write)
+		r.Entry = entry(e)
 	case OpCAS:
-		r.Entry, r.Err = tx.CAS(c.Key, c.Revision, c.Value, c.Write)
+		r.Entry, r.Err = written(tx.CAS(c.Key, c.Revision, c.Value, c.Write))
 	case OpIncr:
-		r.Int, r.Entry, r.Err = tx.Incr(c.Key, c.Delta, c.Write)
+		var e kv.Entry
+		r.Int, e, r.Err = tx.Incr(c.Key, c.Delta, c.Write)
+		r.Entry = entry(e)
 	case OpAcquire:
 		r.Grant, r.Err = leases.Acquire(tx, c.Now, c.Lease)
 		if r.Err == nil {

@@ -1,8 +1,8 @@
-package fencekv
+package state
 
 import (
 	"encoding/binary"
-	"errors"
+
 	"fmt"
 	"time"
 
@@ -106,7 +106,7 @@ type TxnResult struct {
 // Result is the outcome of applying a Command.
 type Result struct {
 	Err     error
-	Entry   kv.Entry    // writes: the key's fence and revision after the write
+	Entry   Entry       // writes: the key's fence and revision after the write
 	Deleted bool        // delete: a live key was removed
 	Int     int64       // incr: the new value
 	Txn     []TxnResult // txn: one per op
@@ -129,13 +129,14 @@ const (
 	encodingV2 = 0x82 // commands with a txn's Compares and Ops; OpTxn
 )
 
-// appendBatchHeader starts the encoding of a batch.
-func appendBatchHeader(b []byte) []byte { return append(b, encodingV2) }
+// AppendBatchHeader starts the encoding of a batch (the single node's
+// log appends commands to it one by one, with AppendCommand).
+func AppendBatchHeader(b []byte) []byte { return append(b, encodingV2) }
 
-// appendCommand appends c's binary encoding (version 1) to b. Every field
+// AppendCommand appends c's binary encoding (version 1) to b. Every field
 // is written, so that replay applies exactly the command that was applied
 // before.
-func appendCommand(b []byte, c *Command) []byte {
+func AppendCommand(b []byte, c *Command) []byte {
 	b = append(b, byte(c.Op))
 	b = binary.AppendVarint(b, int64(c.Now))
 	b = binary.AppendUvarint(b, c.Term)
@@ -172,9 +173,9 @@ func appendCommand(b []byte, c *Command) []byte {
 
 // EncodeBatch encodes cmds as one batch, for a replicated log's entry.
 func EncodeBatch(cmds []Command) []byte {
-	b := appendBatchHeader(nil)
+	b := AppendBatchHeader(nil)
 	for i := range cmds {
-		b = appendCommand(b, &cmds[i])
+		b = AppendCommand(b, &cmds[i])
 	}
 	return b
 }
@@ -183,19 +184,15 @@ func EncodeBatch(cmds []Command) []byte {
 // write-ahead log, of any version this build reads).
 func DecodeBatch(b []byte) ([]Command, error) {
 	var cmds []Command
-	err := eachCommand(b, func(c *Command) error {
+	err := EachCommand(b, func(c *Command) error {
 		cmds = append(cmds, *c)
 		return nil
 	})
 	return cmds, err
 }
 
-// ErrVersion is returned when a log holds commands encoded by a version of
-// fencekv newer than this build.
-var ErrVersion = errors.New("fencekv: commands encoded by a newer version of fencekv (upgrade this binary)")
-
-// eachCommand decodes the batch b and calls fn for each command in order.
-func eachCommand(b []byte, fn func(*Command) error) error {
+// EachCommand decodes the batch b and calls fn for each command in order.
+func EachCommand(b []byte, fn func(*Command) error) error {
 	if len(b) == 0 {
 		return nil
 	}
@@ -227,10 +224,6 @@ func appendBytes(b, v []byte) []byte {
 	b = binary.AppendUvarint(b, uint64(len(v)))
 	return append(b, v...)
 }
-
-// errBadCommand is returned by readCommand for bytes appendCommand did not
-// write.
-var errBadCommand = errors.New("fencekv: malformed command in the log")
 
 // readCommand decodes one command of the given encoding version from the
 // front of b and returns the rest.

@@ -1,4 +1,4 @@
-package fencekv
+package state
 
 import (
 	"time"
@@ -20,26 +20,26 @@ func (m *Machine) Get(key []byte) (Entry, error) {
 		e = tx.Get(key)
 		return nil
 	})
-	return Entry(e), err
+	return entry(e), err
 }
 
 // GetFunc calls fn with the key's entry, as Get returns it, but without
 // copying the value: Value is valid only until fn returns.
 func (m *Machine) GetFunc(key []byte, fn func(Entry)) error {
 	return m.view(0, func(tx *kv.Tx, _ time.Duration) error {
-		fn(Entry(tx.Peek(key)))
+		fn(entry(tx.Peek(key)))
 		return nil
 	})
 }
 
-// Scan returns up to limit live keys from o, in byte order, stopping
-// after about maxBytes.
-func (m *Machine) Scan(o ScanOptions, limit, maxBytes int) (items []Entry, more bool, err error) {
+// Scan returns up to limit live keys that start with prefix, from start
+// on, in byte order, stopping after about maxBytes.
+func (m *Machine) Scan(prefix, start []byte, limit, maxBytes int) (items []Entry, more bool, err error) {
 	err = m.view(0, func(tx *kv.Tx, _ time.Duration) error {
-		es, mr := tx.Scan(o.Prefix, o.Start, limit, maxBytes)
+		es, mr := tx.Scan(prefix, start, limit, maxBytes)
 		items = make([]Entry, len(es))
 		for i, e := range es {
-			items[i] = Entry(e)
+			items[i] = entry(e)
 		}
 		more = mr
 		return nil
@@ -69,26 +69,28 @@ func (m *Machine) Locks(now time.Duration, prefix, start string, limit, maxBytes
 	return locks, more, err
 }
 
-// Counters fills in the store-wide counters of s: last token, revision,
-// live keys, data size, leases held and callers queued, and the grants
-// and expiries this machine applied since it was opened.
-func (m *Machine) Counters(s *Status) error {
-	s.Locks = m.leases.Held()
-	s.Waiters = m.leases.TotalWaiting()
-	s.Grants, s.Expiries = m.granted.Load(), m.expiries.Load()
-	return m.view(0, func(tx *kv.Tx, _ time.Duration) error {
-		s.LastToken, s.Revision, s.Keys, s.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()
+// Counters reads the store-wide counters: last token, revision, live
+// keys, data size, leases held and callers queued, and the grants and
+// expiries this machine applied since it was opened.
+func (m *Machine) Counters() (Counters, error) {
+	c := Counters{
+		Locks:    m.leases.Held(),
+		Waiters:  m.leases.TotalWaiting(),
+		Grants:   m.granted.Load(),
+		Expiries: m.expiries.Load(),
+	}
+	err := m.view(0, func(tx *kv.Tx, _ time.Duration) error {
+		c.LastToken, c.Revision, c.Keys, c.DataSize = tx.LastToken(), tx.Revision(), tx.Keys(), tx.Size()
 		return nil
 	})
+	return c, err
 }
 
 // Waiter is a caller queued for a lock (FIFO per lock).
 type Waiter = lease.Waiter
 
 // NewWaiter returns a waiter for an acquire of name.
-func NewWaiter(name string, ttl time.Duration, o AcquireOptions) *Waiter {
-	return lease.NewWaiter(lease.Request{Name: name, TTL: ttl, Holder: o.Holder, LockDelay: o.LockDelay})
-}
+func NewWaiter(req lease.Request) *Waiter { return lease.NewWaiter(req) }
 
 // Enqueue queues w behind the lock's other waiters, unless max waiters
 // are queued already (ErrLimitExceeded). Any goroutine.
