@@ -44,12 +44,17 @@ test: vet fmt-check race
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
 
-# Every decoder of outside bytes: the wire, the write-ahead log, its commands.
-# Under plain `go test` their seed corpora run as tests.
+# Every decoder of outside bytes: the wire, the write-ahead log, its
+# commands, lease records, raft's log entries, backup files. Under plain
+# `go test` their seed corpora run as tests.
 fuzz:
-	$(GO) test -run '^$$' -fuzz FuzzDecode -fuzztime $(FUZZTIME) ./wire
+	$(GO) test -run '^$$' -fuzz '^FuzzDecode$$' -fuzztime $(FUZZTIME) ./wire
+	$(GO) test -run '^$$' -fuzz '^FuzzFastParse$$' -fuzztime $(FUZZTIME) ./wire
+	$(GO) test -run '^$$' -fuzz '^FuzzUnmarshal$$' -fuzztime $(FUZZTIME) ./lease
+	$(GO) test -run '^$$' -fuzz '^FuzzDecodeEntry$$' -fuzztime $(FUZZTIME) ./cluster
+	$(GO) test -run '^$$' -fuzz '^FuzzReadBackup$$' -fuzztime $(FUZZTIME) .
 	$(GO) test -run '^$$' -fuzz FuzzOpen -fuzztime $(FUZZTIME) ./wal
-	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime $(FUZZTIME) .
+	$(GO) test -run '^$$' -fuzz FuzzReadCommand -fuzztime $(FUZZTIME) ./state
 
 # `fencekv verify` with 100 real SIGSTOP pause rounds against a fresh
 # `fencekv serve`, then the long runs of the suites that test real server
