@@ -39,7 +39,13 @@ race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	FENCEKV_TEST_EVENT_LOOP=0 $(GO) test -race -count=1 -timeout 10m ./wire
 
-test: vet fmt-check race
+test: vet fmt-check race test-sql
+
+# The SQL fence (sqlfence/) against real PostgreSQL and SQLite servers; its
+# drivers live in a module of their own (sqlfence/sqlfencetest).
+.PHONY: test-sql
+test-sql:
+	bash sqlfence/sqlfencetest/test.sh
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
