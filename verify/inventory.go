@@ -25,7 +25,9 @@ import (
 // read-modify-write safe: a fenced write from a client whose lease ran out
 // is still accepted while the newer holder has not written yet, which is
 // harmless for incr (it commutes) but would lose an update of a put that
-// read the old value.
+// read the old value. With a Target, both counters are the target's fenced
+// read-modify-writes (Target.Incr), which read after the token check in
+// the same transaction.
 func inventory(ctx context.Context, cfg Config, rep *Report) error {
 	lock := rep.Prefix + "inventory"
 	keys := [2]string{rep.Prefix + "incr-counter", rep.Prefix + "put-counter"}
@@ -93,12 +95,8 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 	}
 	defer c.Close()
 	for i, k := range keys {
-		var e fencekv.Entry
-		if err := c.call(ctx, func(cl *wire.Client) error {
-			var err error
-			e, err = cl.Get(ctx, []byte(k))
-			return err
-		}); err != nil {
+		e, err := get(ctx, cfg, c, k)
+		if err != nil {
 			return err
 		}
 		var n int64
@@ -115,6 +113,9 @@ func inventory(ctx context.Context, cfg Config, rep *Report) error {
 		case n < acked[i] || n > acked[i]+unknown[i]:
 			rep.violate("inventory: counter %s is %d but %d updates were acknowledged and %d had an unknown outcome", k, n, acked[i], unknown[i])
 		}
+	}
+	if cfg.Target != nil {
+		return cfg.Target.Delete(ctx, keys[0], keys[1])
 	}
 	return cleanup(ctx, c, lock, cfg.TTL, keys[0], keys[1])
 }
@@ -151,12 +152,8 @@ func update(ctx context.Context, cfg Config, c *conn, lock string, keys [2]strin
 	raise(granted, uint64(l.Token))
 	u.counter = rand.IntN(2)
 	key := []byte(keys[u.counter])
-	var e fencekv.Entry
-	if err := c.call(ctx, func(cl *wire.Client) error {
-		var err error
-		e, err = cl.Get(ctx, key)
-		return err
-	}); err != nil {
+	e, err := get(ctx, cfg, c, keys[u.counter])
+	if err != nil {
 		return u, err
 	}
 	// The pause: mostly short, a fifth of the time past the lease.
@@ -178,7 +175,11 @@ func update(ctx context.Context, cfg Config, c *conn, lock string, keys [2]strin
 		u.overtaken, u.by = true, fencekv.Token(w)
 	}
 	var unknown bool
-	if u.counter == 0 {
+	if cfg.Target != nil {
+		// The target reads and writes after its token check, in one
+		// transaction: both counters are fenced read-modify-writes.
+		err = cfg.Target.Incr(ctx, keys[u.counter], 1, l.Token)
+	} else if u.counter == 0 {
 		unknown, err = c.do(ctx, true, func(cl *wire.Client) error {
 			_, _, err := cl.Incr(ctx, key, 1, fencekv.WriteOptions{Token: l.Token})
 			return err

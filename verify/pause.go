@@ -41,6 +41,12 @@ func ClientMain(args []string, stdin io.Reader, stdout io.Writer) int {
 
 // ClientMainWith is ClientMain dialing with o's TLS and credentials.
 func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.DialOptions) int {
+	return ClientMainTarget(args, stdin, stdout, o, nil)
+}
+
+// ClientMainTarget is ClientMainWith writing to t (nil: fencekv's keys),
+// the paused client of a run with Config.Target.
+func ClientMainTarget(args []string, stdin io.Reader, stdout io.Writer, o *wire.DialOptions, t Target) int {
 	fs := flag.NewFlagSet("verify-client", flag.ContinueOnError)
 	fs.SetOutput(stdout)
 	addr := fs.String("addr", "", "server address (or a cluster's nodes, comma-separated)")
@@ -80,10 +86,14 @@ func ClientMainWith(args []string, stdin io.Reader, stdout io.Writer, o *wire.Di
 	if *held {
 		w.Lock = *lock
 	}
-	err = c.call(ctx, func(cl *wire.Client) error {
-		_, err := cl.Put(ctx, []byte(*key), []byte(pausedValue), w)
-		return err
-	})
+	if t != nil {
+		err = t.Put(ctx, *key, []byte(pausedValue), l.Token)
+	} else {
+		err = c.call(ctx, func(cl *wire.Client) error {
+			_, err := cl.Put(ctx, []byte(*key), []byte(pausedValue), w)
+			return err
+		})
+	}
 	var fe *fencekv.Error
 	switch {
 	case err == nil:
@@ -123,7 +133,7 @@ type outcome struct {
 // run out already (lock_info names no holder then; nobody else asks for
 // the lock, so no one else can have it).
 func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) (o outcome, err error) {
-	o.held = i%2 == 1
+	o.held = i%2 == 1 && cfg.Target == nil
 	lock := fmt.Sprintf("%sround-%d", prefix, i)
 	key := fmt.Sprintf("%skey-%d", prefix, i)
 	holder := "fencekv verify paused client " + randomID()
@@ -187,10 +197,7 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 		if newer.Token <= o.token {
 			return o, fmt.Errorf("newer grant %d is not above %d: tokens went backwards", newer.Token, o.token)
 		}
-		if err := c.call(ctx, func(cl *wire.Client) error {
-			_, err := cl.Put(ctx, []byte(key), []byte("written by the newer holder"), fencekv.WriteOptions{Token: newer.Token, Lock: lock})
-			return err
-		}); err != nil {
+		if err := put(ctx, cfg, c, key, []byte("written by the newer holder"), fencekv.WriteOptions{Token: newer.Token, Lock: lock}); err != nil {
 			return o, fmt.Errorf("newer holder's write: %w", err)
 		}
 	}
@@ -230,29 +237,19 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 	// must be refused too (stale_token, changing nothing).
 	const edgeValue = "written one below the fence"
 	if !o.held && newer.Token > 1 {
-		var perr error
-		if err := c.call(ctx, func(cl *wire.Client) error {
-			_, perr = cl.Put(ctx, []byte(key), []byte(edgeValue), fencekv.WriteOptions{Token: newer.Token - 1})
-			if perr != nil && !errors.Is(perr, fencekv.ErrStaleToken) {
-				return perr
-			}
-			return nil
-		}); err != nil {
-			return o, fmt.Errorf("write one below the fence: %w", err)
-		}
-		if perr == nil {
+		err := put(ctx, cfg, c, key, []byte(edgeValue), fencekv.WriteOptions{Token: newer.Token - 1})
+		switch {
+		case err == nil:
 			o.accepted = true
+		case !errors.Is(err, fencekv.ErrStaleToken):
+			return o, fmt.Errorf("write one below the fence: %w", err)
 		}
 	}
 	// What the key holds shows whether the late write landed, whatever
 	// its answer said (after a failover a retried write may be refused
 	// although its first attempt landed).
-	var e fencekv.Entry
-	if err := c.call(ctx, func(cl *wire.Client) error {
-		var err error
-		e, err = cl.Get(ctx, []byte(key))
-		return err
-	}); err != nil {
+	e, err := get(ctx, cfg, c, key)
+	if err != nil {
 		return o, err
 	}
 	if string(e.Value) == pausedValue || string(e.Value) == edgeValue {
@@ -260,10 +257,16 @@ func pauseRound(ctx context.Context, cfg Config, c *conn, prefix string, i int) 
 	}
 	if !o.held {
 		// The newer holder still holds the lock: it tidies up.
-		if err := c.call(ctx, func(cl *wire.Client) error {
-			_, _, err := cl.Delete(ctx, []byte(key), fencekv.WriteOptions{Token: newer.Token, Lock: lock})
-			return err
-		}); err != nil {
+		var err error
+		if cfg.Target != nil {
+			err = cfg.Target.Delete(ctx, key)
+		} else {
+			err = c.call(ctx, func(cl *wire.Client) error {
+				_, _, err := cl.Delete(ctx, []byte(key), fencekv.WriteOptions{Token: newer.Token, Lock: lock})
+				return err
+			})
+		}
+		if err != nil {
 			return o, fmt.Errorf("cleanup: %w", err)
 		}
 		return o, release(ctx, c, lock, newer.Token)

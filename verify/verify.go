@@ -48,6 +48,10 @@ type Config struct {
 	// Dial holds the TLS and credentials of the verifier's connections
 	// (nil: plain, none). The paused clients get theirs from Client.
 	Dial *wire.DialOptions
+	// Target, if set, is where the fenced writes go instead of fencekv's
+	// keys (see Target); the paused clients must write to the same one
+	// (ClientMainTarget).
+	Target Target
 }
 
 // Defaults are the values a zero Config field takes.

@@ -212,6 +212,7 @@ func TestMain(m *testing.M) {
 		fmt.Fprintf(os.Stderr, "sqlfencetest: PostgreSQL tests skipped: %v\n", err)
 	}
 	code := m.Run()
+	removeBin()
 	if pg != nil {
 		pg.stop()
 		os.RemoveAll(pg.dir)
