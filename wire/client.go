@@ -359,6 +359,9 @@ func joinAddrs(addrs []string) string {
 func (cn *link) failureCause() error {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
+	if cn.err == nil {
+		return cn.werr // a write failed, and its answers are being read (drain)
+	}
 	return cn.err
 }
 

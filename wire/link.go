@@ -42,9 +42,10 @@ type link struct {
 	enc     *encoder     // requests encoded and not yet written (see start)
 	next    uint32
 
-	mu      sync.Mutex // guards pending, err, reading, reader
+	mu      sync.Mutex // guards pending, err, werr, reading, reader
 	pending map[uint32]*call
 	err     error // why the connection failed: errClosed (Close), or the cause
+	werr    error // a write failed: nothing more is sent, and what the server sent before it closed is read (see drain)
 	reading bool  // a caller holds the read side (or has been handed it)
 	reader  *call // the call the read side was handed to, until it takes it
 
@@ -186,6 +187,12 @@ func (cn *link) fail(err error) {
 func (cn *link) failLocked(err error) {
 	if cn.err != nil {
 		return
+	}
+	var fe *fencekv.Error
+	if cn.werr != nil && err != errClosed && !errors.As(err, &fe) {
+		// The read that ended the drain failed as the write did: the
+		// write's error is the cause, unless the server said why.
+		err = cn.werr
 	}
 	cn.err = err
 	cn.dead.Store(true)
@@ -518,7 +525,10 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	// it, leaving the connection unread.
 	var broken error
 	cn.mu.Lock()
-	if broken = cn.err; broken == nil && err == nil && p != nil {
+	if broken = cn.err; broken == nil {
+		broken = cn.werr
+	}
+	if broken == nil && err == nil && p != nil {
 		cn.pending[id] = p
 	}
 	cn.mu.Unlock()
@@ -539,10 +549,12 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 			e.buf = bytes.Buffer{} // after a large value, do not keep its room
 		}
 		if werr != nil {
-			// Part of the requests may have left.
-			cn.fail(werr)
-			cn.nc.Close()
-			if err == nil {
+			// Part of the requests may have left, and the server may
+			// have answered some before it closed the connection (a
+			// refusal such as too_large, for a request over its message
+			// limit that it stopped reading): those answers are read.
+			cn.drain(werr)
+			if err == nil && p == nil {
 				return 0, cn.failure(p)
 			}
 		}
@@ -550,7 +562,55 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	if err != nil {
 		return 0, err
 	}
+	// After a failed write, p's outcome is its answer if the server sent
+	// one before it closed, or else the connection's failure: wait says
+	// which.
 	return id, nil
+}
+
+// drainTimeout bounds how long drain reads what the server sent before
+// it closed a connection whose write failed.
+const drainTimeout = 2 * time.Second
+
+// drain ends a connection whose write failed with werr (the server
+// closed or reset it): no more calls are sent on it, and the answers the
+// server sent before it closed, still in the socket, are read and
+// complete their calls, so that a refusal it sent (too_large, or an
+// "error" notification) is what its caller sees, not the reset. Then the
+// connection fails, its cause the server's refusal if it sent one, or
+// werr, and is closed. If another caller holds the read side, that one
+// reads them, and the read that fails (at once: the peer is gone) fails
+// the connection. Called with wmu held.
+func (cn *link) drain(werr error) {
+	cn.mu.Lock()
+	if cn.err != nil || cn.werr != nil {
+		cn.mu.Unlock()
+		return
+	}
+	cn.werr = werr
+	cn.dead.Store(true)
+	if cn.reading {
+		cn.mu.Unlock()
+		return
+	}
+	cn.reading = true
+	cn.mu.Unlock()
+	cause := werr
+	for {
+		cn.nc.SetReadDeadline(time.Now().Add(drainTimeout))
+		if _, err := cn.readResponse(context.Background()); err != nil {
+			var fe *fencekv.Error
+			if errors.As(err, &fe) {
+				cause = err
+			}
+			break
+		}
+	}
+	cn.mu.Lock()
+	cn.reading, cn.reader = false, nil
+	cn.failLocked(cause)
+	cn.mu.Unlock()
+	cn.nc.Close()
 }
 
 // maxKeptRequests is the most room a link keeps for encoding requests
