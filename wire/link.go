@@ -40,6 +40,7 @@ type link struct {
 	writers atomic.Int32 // callers waiting for or holding wmu
 	wmu     sync.Mutex   // guards enc, next (the write side)
 	enc     *encoder     // requests encoded and not yet written (see start)
+	batch   []*call      // the calls whose requests are in enc
 	next    uint32
 
 	mu      sync.Mutex // guards pending, err, werr, reading, reader
@@ -71,6 +72,7 @@ type call struct {
 	decode func(*msgpack.Decoder) error // nil: skip the result
 	done   chan error                   // buffered; closed if the connection breaks first
 	effect bool                         // the method changes state: its outcome is unknown if the connection breaks
+	unsent atomic.Bool                  // the write of its request failed before any byte of it left
 }
 
 // errTakeRead, sent on a waiting call's done, hands it the read side.
@@ -189,7 +191,7 @@ func (cn *link) failLocked(err error) {
 		return
 	}
 	var fe *fencekv.Error
-	if cn.werr != nil && err != errClosed && !errors.As(err, &fe) {
+	if cn.werr != nil && err != errClosed && !errors.As(err, &fe) && !errors.As(err, new(*TLSError)) {
 		// The read that ended the drain failed as the write did: the
 		// write's error is the cause, unless the server said why.
 		err = cn.werr
@@ -212,7 +214,7 @@ func (cn *link) failure(p *call) error {
 		return ErrClientClosed
 	}
 	ce := &ConnError{Addr: cn.addr, Err: err}
-	if p != nil && p.effect {
+	if p != nil && p.effect && !p.unsent.Load() && !servedNothing(err) {
 		ce.Outcome = fencekv.OutcomeUnknown
 	}
 	return ce
@@ -263,8 +265,10 @@ func (cn *link) readFor(ctx context.Context, id uint32, p *call, keep bool) erro
 		return ctx.Err()
 	case err != nil:
 		// A refusal the server sent before closing (such as
-		// limit_exceeded for too many connections) is the cause.
-		cn.fail(err)
+		// limit_exceeded for too many connections) is the cause; so is
+		// a TLS alert (under TLS 1.3 a refused client certificate is
+		// learnt at the first read).
+		cn.fail(tlsRefusal(err))
 		return cn.failure(p)
 	}
 	cn.mu.Lock()
@@ -391,7 +395,11 @@ func (cn *link) readResponse(ctx context.Context) (*call, error) {
 		if method == "error" && len(params) == 1 {
 			code, _ := params[0]["code"].(string)
 			msg, _ := params[0]["message"].(string)
-			return nil, &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
+			fe := &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
+			if fe.Code == fencekv.CodeTLSRequired {
+				return nil, &TLSError{Err: fe}
+			}
+			return nil, connRefusal{fe}
 		}
 		return nil, nil
 	}
@@ -530,6 +538,7 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	}
 	if broken == nil && err == nil && p != nil {
 		cn.pending[id] = p
+		cn.batch = append(cn.batch, p)
 	}
 	cn.mu.Unlock()
 	switch {
@@ -543,7 +552,14 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 		e.buf.Truncate(mark) // nothing of it has left: take it back
 	}
 	if last && e.buf.Len() > 0 {
-		_, werr := cn.rw.Write(e.buf.Bytes())
+		n, werr := cn.rw.Write(e.buf.Bytes())
+		if werr != nil && n <= 0 {
+			for _, q := range cn.batch {
+				q.unsent.Store(true) // none of its bytes left: it cannot have been applied
+			}
+		}
+		clear(cn.batch)
+		cn.batch = cn.batch[:0]
 		e.buf.Reset()
 		if e.buf.Cap() > maxKeptRequests {
 			e.buf = bytes.Buffer{} // after a large value, do not keep its room
@@ -600,7 +616,7 @@ func (cn *link) drain(werr error) {
 		cn.nc.SetReadDeadline(time.Now().Add(drainTimeout))
 		if _, err := cn.readResponse(context.Background()); err != nil {
 			var fe *fencekv.Error
-			if errors.As(err, &fe) {
+			if err = tlsRefusal(err); errors.As(err, &fe) || errors.As(err, new(*TLSError)) {
 				cause = err
 			}
 			break
