@@ -65,7 +65,8 @@ Start a server with 'fencekv serve', then use the client commands against it
 (--addr or FENCEKV_ADDR, default 127.0.0.1:7420).
 
 Exit status: 0 ok; 1 server or connection error; 2 usage error (bad
-arguments, bad_request, too_large); 3 refused by fencing (stale_token,
+arguments, bad_request, too_large, TLS settings that do not match the
+server's); 3 refused by fencing (stale_token,
 not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
 condition failed (compare_failed, not_integer); 6 key not found (get);
 7 verify found a broken guarantee, or check found damage; 8
