@@ -240,7 +240,7 @@ func statusCommand() *cli.Command {
 					"version": st.Version, "last_token": st.LastToken, "revision": st.Revision, "keys": st.Keys,
 					"locks": st.Locks, "waiters": st.Waiters, "commits": st.Commits, "commands": st.Commands, "data_size": st.DataSize,
 					"sync_us": st.SyncTime.Microseconds(), "checkpoints": st.Checkpoints, "checkpoint_us": st.CheckpointTime.Microseconds(),
-					"role": st.Role,
+					"role": st.Role, "pid": st.PID,
 				}
 				if st.Role != "single" && st.Role != "" {
 					human = fmt.Sprintf("node        %s (%s, term %d)\nleader      %s\napplied     %d of %d committed\n",
