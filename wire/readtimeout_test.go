@@ -3,12 +3,14 @@ package wire_test
 import (
 	"bytes"
 	"io"
+	"log/slog"
 	"net"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/fencekvtest"
 	"github.com/fencekv/fencekv/wire"
 )
 
@@ -89,4 +91,34 @@ func expectPong(t *testing.T, nc net.Conn) {
 	nc.SetReadDeadline(time.Now().Add(5 * time.Second))
 	rest := make([]byte, 256)
 	nc.Read(rest) // the result map
+}
+
+// TestMaxConnsRefusalsLogged: connections over MaxConns are logged, at
+// most one line a second with the count, not one line each.
+func TestMaxConnsRefusalsLogged(t *testing.T) {
+	logs := &allLogs{}
+	ts := startServer(t, func(_ *fencekv.Options, c *wire.Config) { c.MaxConns = 1 })
+	_ = ts
+	cfg := wire.DefaultConfig()
+	cfg.MaxConns = 1
+	cfg.Logger = slog.New(logs)
+	srv, addr := fencekvtest.ServeEngine(t, ts.DB, cfg)
+	_ = srv
+	held := rawDial(t, addr)
+	held.Write(pingRequest)
+	expectPong(t, held)
+	for range 20 {
+		nc := rawDial(t, addr)
+		nc.SetReadDeadline(time.Now().Add(5 * time.Second))
+		io.ReadAll(nc) // the limit_exceeded notification, then the close
+		nc.Close()
+	}
+	lines := logs.matching("refusing connections over --max-conns")
+	if len(lines) == 0 || len(lines) > 2 {
+		t.Fatalf("%d log lines for 20 refusals within a second or two, want 1 or 2:\n%s", len(lines), logs)
+	}
+	wantContains := "refused=1"
+	if !strings.Contains(lines[0], wantContains) {
+		t.Errorf("first line %q lacks %q", lines[0], wantContains)
+	}
 }

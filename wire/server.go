@@ -139,6 +139,10 @@ type Server struct {
 	tlsLog, authLog logLimiter // refused handshakes and failed auth calls, logged once per host per burst
 	readLog         logLimiter // connections closed by the read timeout, likewise
 
+	refuseMu   sync.Mutex // guards overConns, overLogged
+	overConns  int        // connections refused over MaxConns since the last line logged
+	overLogged time.Time  // when that line was logged
+
 	jobs         chan job     // to an idle handler goroutine (goHandle)
 	idleHandlers atomic.Int32 // handler goroutines waiting on jobs, or about to
 
@@ -290,14 +294,22 @@ func (s *Server) accept(nc net.Conn) {
 		return
 	}
 	if len(s.conns) >= s.cfg.MaxConns {
-		s.mu.Unlock()
+		s.mu.Unlock() // the refusal writes: not under mu (refusedConn is the accept loop's)
 		if s.cfg.TLS != nil {
 			nc.Close() // no handshake for a connection that will not be served
+			s.refusedConn(time.Now())
 			return
 		}
 		s.refuse(nc, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
+		s.refusedConn(time.Now())
 		return
 	}
+	s.refuseMu.Lock()
+	if s.overConns > 0 {
+		s.log.Info("accepting connections again", "max_conns", s.cfg.MaxConns, "refused_since_last_log", s.overConns)
+		s.overConns, s.overLogged = 0, time.Time{}
+	}
+	s.refuseMu.Unlock()
 	c := newConn(s, nc)
 	s.conns[c] = struct{}{}
 	s.connWG.Add(1)
@@ -307,6 +319,20 @@ func (s *Server) accept(nc net.Conn) {
 	}
 	s.mu.Unlock()
 	go c.serve()
+}
+
+// refusedConn counts a connection refused over MaxConns and logs the
+// refusals at most once a second, with how many there were since the last
+// line. Only the accept loop calls it (and accept, which it calls).
+func (s *Server) refusedConn(now time.Time) {
+	s.refuseMu.Lock()
+	defer s.refuseMu.Unlock()
+	s.overConns++
+	if now.Sub(s.overLogged) < time.Second {
+		return
+	}
+	s.log.Warn("refusing connections over --max-conns with limit_exceeded", "max_conns", s.cfg.MaxConns, "refused", s.overConns)
+	s.overConns, s.overLogged = 0, now
 }
 
 // refuse tells a connection over a limit (of connections, or of file

@@ -1,8 +1,10 @@
 package main
 
 import (
+	"net"
 	"strings"
 	"testing"
+	"time"
 )
 
 // TestPutOverMessageLimit: a value over the message limit, far over the
@@ -85,4 +87,25 @@ func TestTLSConfigurationErrors(t *testing.T) {
 	asDeploy := s.shell(t, "FENCEKV_TLS_CA="+f.ca, "FENCEKV_TLS_CERT="+f.deployCert, "FENCEKV_TLS_KEY="+f.deployKey)
 	r := asDeploy.fails(exitNotFound, "get", "deploy/x")
 	wantContains(t, "stderr", r.stderr, "not found")
+}
+
+// TestServeReadTimeout: serve --read-timeout closes a connection whose
+// message stays half-sent, on both connection paths.
+func TestServeReadTimeout(t *testing.T) {
+	t.Parallel()
+	for _, loop := range []string{"--event-loop=true", "--event-loop=false"} {
+		s := startServer(t, t.TempDir(), "--read-timeout", "300ms", loop)
+		nc, err := net.Dial("tcp", s.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer nc.Close()
+		nc.Write([]byte{0x94, 0x00, 0x01}) // the start of a request
+		nc.SetReadDeadline(time.Now().Add(10 * time.Second))
+		if n, err := nc.Read(make([]byte, 16)); n != 0 || err == nil || strings.Contains(err.Error(), "timeout") {
+			t.Errorf("%s: read %d, %v; want the server to close the connection", loop, n, err)
+		}
+		s.shell(t).ok("ping")
+	}
+	(&shell{t: t}).fails(exitUsage, "serve", "--data", t.TempDir(), "--listen", "127.0.0.1:0", "--http", "", "--read-timeout", "-1s")
 }

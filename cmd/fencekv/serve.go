@@ -44,6 +44,7 @@ Example:
 			&cli.IntFlag{Name: "max-conns", Value: w.MaxConns, EnvVars: env("MAX_CONNS"), Usage: "most client connections at once"},
 			&cli.IntFlag{Name: "max-in-flight", Value: w.MaxInFlight, EnvVars: env("MAX_IN_FLIGHT"), Usage: "most pending requests per connection"},
 			&cli.IntFlag{Name: "max-pending-bytes", Value: w.MaxPendingBytes, EnvVars: env("MAX_PENDING_BYTES"), Usage: "bytes per connection of unsent answers and of the values of its writes in flight, past which its requests are not read until the client reads its answers or the writes are applied"},
+			&cli.DurationFlag{Name: "read-timeout", Value: w.ReadTimeout, EnvVars: env("READ_TIMEOUT"), Usage: "close a connection whose message has begun to arrive and is not whole this long after (a half-sent message no longer holds a connection); 0 turns it off; idle connections have no timeout"},
 			&cli.IntFlag{Name: "max-watches", Value: w.MaxWatches, EnvVars: env("MAX_WATCHES"), Usage: "most watches per connection"},
 			&cli.IntFlag{Name: "max-watchers", Value: d.MaxWatchers, EnvVars: env("MAX_WATCHERS"), Usage: "most watches at once, store-wide"},
 			&cli.BoolFlag{Name: "event-loop", Value: w.EventLoop, EnvVars: env("EVENT_LOOP"), Usage: "serve plain TCP connections of a single node from one epoll event loop (Linux); false: a goroutine per connection"},
@@ -80,6 +81,10 @@ Example:
 			wc.MaxPendingBytes = c.Int("max-pending-bytes")
 			wc.MaxWatches = c.Int("max-watches")
 			wc.EventLoop = c.Bool("event-loop")
+			wc.ReadTimeout = c.Duration("read-timeout")
+			if wc.ReadTimeout < 0 {
+				return usagef("--read-timeout %v: want a duration of 0 (none) or more", wc.ReadTimeout)
+			}
 			if err := valueFits(o, wc); err != nil {
 				return err
 			}
