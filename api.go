@@ -369,6 +369,11 @@ type Status struct {
 	Term         uint64
 	CommitIndex  uint64
 	AppliedIndex uint64
+
+	// PID is the server process's id, as a client learns it from the
+	// status method (0 if the server did not say: an embedded DB, or an
+	// older server).
+	PID int
 }
 
 // Status reads the store's counters.

@@ -39,6 +39,8 @@ const (
 
 	CodeUnauthenticated  = fence.CodeUnauthenticated
 	CodePermissionDenied = fence.CodePermissionDenied
+
+	CodeTLSRequired = fence.CodeTLSRequired
 )
 
 // Sentinels for errors.Is; each matches every refusal with its code.

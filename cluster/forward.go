@@ -83,7 +83,7 @@ func (f *forwarder) leaderChanged(addr string) {
 func (f *forwarder) broken(c *wire.Client) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	if f.c == c {
+	if c != nil && f.c == c {
 		f.c.Close()
 		f.c = nil
 	}
@@ -101,13 +101,20 @@ func (f *forwarder) close() {
 
 // forwardError turns a failure to reach the leader into unavailable;
 // write says the request may have been applied before the connection
-// broke.
+// broke, unless it was never sent (a *wire.ConnError without an outcome:
+// the forwarder could not dial the leader again).
 func (f *forwarder) forwardError(c *wire.Client, err error, write bool) error {
 	var fe *fencekv.Error
 	if errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
 		return err
 	}
 	f.broken(c)
+	var ce *wire.ConnError
+	if errors.As(err, &ce) && ce.Outcome == "" {
+		// The request never went out: the connection to the leader
+		// was gone and could not be made again (or TLS refused it).
+		return &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "cannot reach the leader (the request was not sent): " + err.Error()}
+	}
 	e := &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "lost the connection to the leader: " + err.Error()}
 	if write {
 		e.Outcome = fencekv.OutcomeUnknown

@@ -30,6 +30,8 @@ const (
 
 	CodeUnauthenticated  Code = "unauthenticated"   // the connection has not authenticated (or its name or secret was wrong)
 	CodePermissionDenied Code = "permission_denied" // the principal has no right to this method, key or lock name
+
+	CodeTLSRequired Code = "tls_required" // a TLS server was sent plain bytes (the error notification only): connect with TLS
 )
 
 // Error is a refusal: a stable Code plus the facts a caller needs to act on

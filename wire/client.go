@@ -260,11 +260,23 @@ func (c *Client) dialOne(ctx context.Context, addr string) (nc, raw net.Conn, er
 	}
 	cfg := c.opts.TLS.Clone()
 	cfg.MinVersion = max(cfg.MinVersion, tls.VersionTLS12)
-	d := tls.Dialer{Config: cfg}
-	if nc, err = d.DialContext(ctx, "tcp", addr); err != nil {
+	if cfg.ServerName == "" {
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			return nil, nil, err
+		}
+		cfg.ServerName = host
+	}
+	var d net.Dialer
+	if raw, err = d.DialContext(ctx, "tcp", addr); err != nil {
 		return nil, nil, err
 	}
-	return nc, nc.(*tls.Conn).NetConn(), nil
+	tc := tls.Client(raw, cfg)
+	if err := tc.HandshakeContext(ctx); err != nil {
+		raw.Close()
+		return nil, nil, handshakeRefusal(err)
+	}
+	return tc, raw, nil
 }
 
 // conn returns the connection to send a call on, dialing a new one if the
@@ -359,6 +371,9 @@ func joinAddrs(addrs []string) string {
 func (cn *link) failureCause() error {
 	cn.mu.Lock()
 	defer cn.mu.Unlock()
+	if cn.err == nil {
+		return cn.werr // a write failed, and its answers are being read (drain)
+	}
 	return cn.err
 }
 

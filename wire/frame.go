@@ -36,9 +36,10 @@ const frameChunk = 64 << 10
 const frameKeep = 64 << 10
 
 type frameReader struct {
-	r   *bufio.Reader
-	max int
-	buf []byte
+	r     *bufio.Reader
+	max   int
+	buf   []byte
+	inMsg bool // next has read the first byte of a message and not yet returned it (see msgDeadline)
 }
 
 func newFrameReader(r io.Reader, max int) *frameReader {
@@ -51,6 +52,7 @@ func (f *frameReader) idle() bool { return f.r.Buffered() == 0 }
 // next reads one msgpack object. The returned slice is valid until the next
 // call. io.EOF means the stream ended cleanly between messages.
 func (f *frameReader) next() ([]byte, error) {
+	defer func() { f.inMsg = false }()
 	if cap(f.buf) > frameKeep {
 		f.buf = nil
 	}
@@ -76,6 +78,7 @@ func (f *frameReader) next() ([]byte, error) {
 			return f.buf, unexpected(err)
 		}
 		first = false
+		f.inMsg = true
 		if err := f.keep([]byte{c}); err != nil {
 			return f.buf, err
 		}

@@ -40,11 +40,13 @@ type link struct {
 	writers atomic.Int32 // callers waiting for or holding wmu
 	wmu     sync.Mutex   // guards enc, next (the write side)
 	enc     *encoder     // requests encoded and not yet written (see start)
+	batch   []*call      // the calls whose requests are in enc
 	next    uint32
 
-	mu      sync.Mutex // guards pending, err, reading, reader
+	mu      sync.Mutex // guards pending, err, werr, reading, reader
 	pending map[uint32]*call
 	err     error // why the connection failed: errClosed (Close), or the cause
+	werr    error // a write failed: nothing more is sent, and what the server sent before it closed is read (see drain)
 	reading bool  // a caller holds the read side (or has been handed it)
 	reader  *call // the call the read side was handed to, until it takes it
 
@@ -70,6 +72,7 @@ type call struct {
 	decode func(*msgpack.Decoder) error // nil: skip the result
 	done   chan error                   // buffered; closed if the connection breaks first
 	effect bool                         // the method changes state: its outcome is unknown if the connection breaks
+	unsent atomic.Bool                  // the write of its request failed before any byte of it left
 }
 
 // errTakeRead, sent on a waiting call's done, hands it the read side.
@@ -187,6 +190,12 @@ func (cn *link) failLocked(err error) {
 	if cn.err != nil {
 		return
 	}
+	var fe *fencekv.Error
+	if cn.werr != nil && err != errClosed && !errors.As(err, &fe) && !errors.As(err, new(*TLSError)) {
+		// The read that ended the drain failed as the write did: the
+		// write's error is the cause, unless the server said why.
+		err = cn.werr
+	}
 	cn.err = err
 	cn.dead.Store(true)
 	for id, p := range cn.pending {
@@ -205,7 +214,7 @@ func (cn *link) failure(p *call) error {
 		return ErrClientClosed
 	}
 	ce := &ConnError{Addr: cn.addr, Err: err}
-	if p != nil && p.effect {
+	if p != nil && p.effect && !p.unsent.Load() && !servedNothing(err) {
 		ce.Outcome = fencekv.OutcomeUnknown
 	}
 	return ce
@@ -256,8 +265,10 @@ func (cn *link) readFor(ctx context.Context, id uint32, p *call, keep bool) erro
 		return ctx.Err()
 	case err != nil:
 		// A refusal the server sent before closing (such as
-		// limit_exceeded for too many connections) is the cause.
-		cn.fail(err)
+		// limit_exceeded for too many connections) is the cause; so is
+		// a TLS alert (under TLS 1.3 a refused client certificate is
+		// learnt at the first read).
+		cn.fail(tlsRefusal(err))
 		return cn.failure(p)
 	}
 	cn.mu.Lock()
@@ -384,7 +395,11 @@ func (cn *link) readResponse(ctx context.Context) (*call, error) {
 		if method == "error" && len(params) == 1 {
 			code, _ := params[0]["code"].(string)
 			msg, _ := params[0]["message"].(string)
-			return nil, &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
+			fe := &fencekv.Error{Code: fencekv.Code(code), Message: "server closed the connection: " + msg}
+			if fe.Code == fencekv.CodeTLSRequired {
+				return nil, &TLSError{Err: fe}
+			}
+			return nil, connRefusal{fe}
 		}
 		return nil, nil
 	}
@@ -518,8 +533,12 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	// it, leaving the connection unread.
 	var broken error
 	cn.mu.Lock()
-	if broken = cn.err; broken == nil && err == nil && p != nil {
+	if broken = cn.err; broken == nil {
+		broken = cn.werr
+	}
+	if broken == nil && err == nil && p != nil {
 		cn.pending[id] = p
+		cn.batch = append(cn.batch, p)
 	}
 	cn.mu.Unlock()
 	switch {
@@ -533,16 +552,25 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 		e.buf.Truncate(mark) // nothing of it has left: take it back
 	}
 	if last && e.buf.Len() > 0 {
-		_, werr := cn.rw.Write(e.buf.Bytes())
+		n, werr := cn.rw.Write(e.buf.Bytes())
+		if werr != nil && n <= 0 {
+			for _, q := range cn.batch {
+				q.unsent.Store(true) // none of its bytes left: it cannot have been applied
+			}
+		}
+		clear(cn.batch)
+		cn.batch = cn.batch[:0]
 		e.buf.Reset()
 		if e.buf.Cap() > maxKeptRequests {
 			e.buf = bytes.Buffer{} // after a large value, do not keep its room
 		}
 		if werr != nil {
-			// Part of the requests may have left.
-			cn.fail(werr)
-			cn.nc.Close()
-			if err == nil {
+			// Part of the requests may have left, and the server may
+			// have answered some before it closed the connection (a
+			// refusal such as too_large, for a request over its message
+			// limit that it stopped reading): those answers are read.
+			cn.drain(werr)
+			if err == nil && p == nil {
 				return 0, cn.failure(p)
 			}
 		}
@@ -550,7 +578,55 @@ func (cn *link) start(method string, write func(params) error, p *call) (uint32,
 	if err != nil {
 		return 0, err
 	}
+	// After a failed write, p's outcome is its answer if the server sent
+	// one before it closed, or else the connection's failure: wait says
+	// which.
 	return id, nil
+}
+
+// drainTimeout bounds how long drain reads what the server sent before
+// it closed a connection whose write failed.
+const drainTimeout = 2 * time.Second
+
+// drain ends a connection whose write failed with werr (the server
+// closed or reset it): no more calls are sent on it, and the answers the
+// server sent before it closed, still in the socket, are read and
+// complete their calls, so that a refusal it sent (too_large, or an
+// "error" notification) is what its caller sees, not the reset. Then the
+// connection fails, its cause the server's refusal if it sent one, or
+// werr, and is closed. If another caller holds the read side, that one
+// reads them, and the read that fails (at once: the peer is gone) fails
+// the connection. Called with wmu held.
+func (cn *link) drain(werr error) {
+	cn.mu.Lock()
+	if cn.err != nil || cn.werr != nil {
+		cn.mu.Unlock()
+		return
+	}
+	cn.werr = werr
+	cn.dead.Store(true)
+	if cn.reading {
+		cn.mu.Unlock()
+		return
+	}
+	cn.reading = true
+	cn.mu.Unlock()
+	cause := werr
+	for {
+		cn.nc.SetReadDeadline(time.Now().Add(drainTimeout))
+		if _, err := cn.readResponse(context.Background()); err != nil {
+			var fe *fencekv.Error
+			if err = tlsRefusal(err); errors.As(err, &fe) || errors.As(err, new(*TLSError)) {
+				cause = err
+			}
+			break
+		}
+	}
+	cn.mu.Lock()
+	cn.reading, cn.reader = false, nil
+	cn.failLocked(cause)
+	cn.mu.Unlock()
+	cn.nc.Close()
 }
 
 // maxKeptRequests is the most room a link keeps for encoding requests

@@ -437,6 +437,7 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 	for len(b) > 0 {
 		if go_, paused := c.roomToRead(); !go_ {
 			if paused {
+				l.disarmPartial(c) // not read meanwhile: the wait is the server's
 				l.keep(c, b)
 			} else {
 				l.end(c)
@@ -450,6 +451,9 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			a := &c.args
 			*a = args{}
 			if m, n, ok := fastFrame(b, a, true); ok && n <= max {
+				if c.partial != nil {
+					l.disarmPartial(c)
+				}
 				m.began = l.now
 				c.serveRequest(m, a, false)
 				l.served++
@@ -466,6 +470,9 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			l.end(c)
 			return false
 		}
+		if c.partial != nil {
+			l.disarmPartial(c)
+		}
 		ok := c.dispatch(l.dec, b[:n], false, l.now)
 		l.served++
 		if n > frameKeep {
@@ -479,8 +486,49 @@ func (l *eventLoop) frames(c *conn, data []byte) bool {
 			return false
 		}
 	}
+	if len(b) > 0 {
+		l.armPartial(c) // b begins a message: the rest must follow within the read timeout
+	} else if c.partial != nil {
+		l.disarmPartial(c)
+	}
 	l.keep(c, b)
 	return true
+}
+
+// armPartial starts the read timeout of the message that c's unserved
+// bytes begin, unless it runs already: if the rest has not arrived when it
+// fires, the connection is ended (a half-sent message must not hold it
+// forever). Called with c.rmu held.
+func (l *eventLoop) armPartial(c *conn) {
+	if c.partial != nil || l.s.cfg.ReadTimeout <= 0 {
+		return
+	}
+	gen := c.partialGen
+	c.partial = time.AfterFunc(l.s.cfg.ReadTimeout, func() { l.expire(c, gen) })
+}
+
+// disarmPartial stops the read timeout: the message is whole, or c is
+// not read for now, or it ends. Called with c.rmu held.
+func (l *eventLoop) disarmPartial(c *conn) {
+	if c.partial != nil {
+		c.partial.Stop()
+		c.partial = nil
+		c.partialGen++
+	}
+}
+
+// expire ends c when its message's read timeout fires, unless the
+// message was completed (or c ended) meanwhile.
+func (l *eventLoop) expire(c *conn, gen uint64) {
+	c.rmu.Lock()
+	defer c.rmu.Unlock()
+	if c.ended || c.partial == nil || c.partialGen != gen {
+		return
+	}
+	c.partial = nil
+	c.partialGen++
+	c.readTimedOut()
+	l.end(c)
 }
 
 // keep makes b, the bytes of c not served yet, c.in. b is data, or a
@@ -558,6 +606,7 @@ func (l *eventLoop) commit() {
 
 // end stops reading c and finishes it. Called with c.rmu held.
 func (l *eventLoop) end(c *conn) {
+	l.disarmPartial(c)
 	c.ended = true
 	c.in = nil
 	go c.end()

@@ -24,6 +24,8 @@ func decodeNodeStatus(dec *msgpack.Decoder, k string, st *fencekv.Status) (err e
 		st.CommitIndex, err = dec.DecodeUint64()
 	case "applied_index":
 		st.AppliedIndex, err = dec.DecodeUint64()
+	case "pid":
+		st.PID, err = dec.DecodeInt()
 	default:
 		err = dec.Skip()
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"os"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -361,8 +362,9 @@ func status(ctx context.Context, eng Engine, _ *args, e *encoder) error {
 	if err != nil {
 		return err
 	}
-	e.EncodeMapLen(18)
+	e.EncodeMapLen(19)
 	e.str("version", st.Version)
+	e.int("pid", int64(os.Getpid()))
 	e.str("node", st.Node)
 	e.str("role", st.Role)
 	e.str("leader", st.Leader)

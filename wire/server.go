@@ -67,6 +67,12 @@ type Config struct {
 	// WriteTimeout drops a connection whose peer does not read its
 	// responses for this long.
 	WriteTimeout time.Duration
+	// ReadTimeout drops a connection that has sent the first bytes of a
+	// message and not the rest within this long (a half-sent message
+	// would otherwise hold the connection, and a slot of MaxConns,
+	// forever). An idle connection, between messages, has no deadline.
+	// 0 means none.
+	ReadTimeout time.Duration
 	// Logger receives connection errors and recovered panics; nil discards.
 	Logger *slog.Logger
 	// Observe, if set, is called once for every request (and
@@ -104,6 +110,7 @@ func DefaultConfig() Config {
 		MaxPendingBytes: 4 << 20,
 		MaxWatches:      64,
 		WriteTimeout:    30 * time.Second,
+		ReadTimeout:     30 * time.Second,
 		EventLoop:       true,
 	}
 }
@@ -130,6 +137,11 @@ type Server struct {
 	connWG sync.WaitGroup // one per connection
 
 	tlsLog, authLog logLimiter // refused handshakes and failed auth calls, logged once per host per burst
+	readLog         logLimiter // connections closed by the read timeout, likewise
+
+	refuseMu   sync.Mutex // guards overConns, overLogged
+	overConns  int        // connections refused over MaxConns since the last line logged
+	overLogged time.Time  // when that line was logged
 
 	jobs         chan job     // to an idle handler goroutine (goHandle)
 	idleHandlers atomic.Int32 // handler goroutines waiting on jobs, or about to
@@ -282,14 +294,22 @@ func (s *Server) accept(nc net.Conn) {
 		return
 	}
 	if len(s.conns) >= s.cfg.MaxConns {
-		s.mu.Unlock()
+		s.mu.Unlock() // the refusal writes: not under mu (refusedConn is the accept loop's)
 		if s.cfg.TLS != nil {
 			nc.Close() // no handshake for a connection that will not be served
+			s.refusedConn(time.Now())
 			return
 		}
 		s.refuse(nc, fmt.Sprintf("too many connections (limit %d)", s.cfg.MaxConns))
+		s.refusedConn(time.Now())
 		return
 	}
+	s.refuseMu.Lock()
+	if s.overConns > 0 {
+		s.log.Info("accepting connections again", "max_conns", s.cfg.MaxConns, "refused_since_last_log", s.overConns)
+		s.overConns, s.overLogged = 0, time.Time{}
+	}
+	s.refuseMu.Unlock()
 	c := newConn(s, nc)
 	s.conns[c] = struct{}{}
 	s.connWG.Add(1)
@@ -299,6 +319,20 @@ func (s *Server) accept(nc net.Conn) {
 	}
 	s.mu.Unlock()
 	go c.serve()
+}
+
+// refusedConn counts a connection refused over MaxConns and logs the
+// refusals at most once a second, with how many there were since the last
+// line. Only the accept loop calls it (and accept, which it calls).
+func (s *Server) refusedConn(now time.Time) {
+	s.refuseMu.Lock()
+	defer s.refuseMu.Unlock()
+	s.overConns++
+	if now.Sub(s.overLogged) < time.Second {
+		return
+	}
+	s.log.Warn("refusing connections over --max-conns with limit_exceeded", "max_conns", s.cfg.MaxConns, "refused", s.overConns)
+	s.overConns, s.overLogged = 0, now
 }
 
 // refuse tells a connection over a limit (of connections, or of file
@@ -447,6 +481,11 @@ type conn struct {
 	scan   frameScan // how far the loop framed the message at the start of in
 	ended  bool
 	paused atomic.Bool // the loop reads c no more until wake resumes it (set and cleared under wmu)
+	// partial is the read timeout of the message c.in ends with, begun
+	// and not whole (loop_linux.go: armPartial); partialGen tells a
+	// timer stopped too late that it is stale. Under rmu.
+	partial    *time.Timer
+	partialGen uint64
 
 	args args // the request being parsed: dispatch's (its caller's goroutine)
 }
@@ -491,11 +530,64 @@ func (c *conn) stopReading() {
 		c.s.loop.stop(c) // loop_linux.go
 		return
 	}
-	c.nc.SetReadDeadline(time.Now())
 	c.wmu.Lock()
-	c.stopping = true
+	c.stopping = true // under wmu, so that a message's read deadline set after this does not undo it (setReadDeadline)
+	c.nc.SetReadDeadline(time.Now())
 	c.room.Signal()
 	c.wmu.Unlock()
+}
+
+func (c *conn) isStopping() bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	return c.stopping
+}
+
+// setReadDeadline sets the connection's read deadline for the message
+// being read (msgDeadline), unless the read loop is being stopped, whose
+// deadline (now) stays. It reports whether it set it.
+func (c *conn) setReadDeadline(t time.Time) bool {
+	c.wmu.Lock()
+	defer c.wmu.Unlock()
+	if c.stopping {
+		return false
+	}
+	c.nc.SetReadDeadline(t)
+	return true
+}
+
+// msgDeadline is the goroutine read loop's stream: a read that must wait
+// for more of a message whose first byte has arrived gets the read
+// timeout, counted from then; the wait for the next message has none.
+type msgDeadline struct {
+	r     io.Reader
+	c     *conn
+	fr    *frameReader
+	armed bool // the deadline is set: clear it once the message is read
+}
+
+func (d *msgDeadline) Read(b []byte) (int, error) {
+	if d.fr.inMsg && !d.armed && d.c.s.cfg.ReadTimeout > 0 {
+		d.armed = d.c.setReadDeadline(time.Now().Add(d.c.s.cfg.ReadTimeout))
+	}
+	return d.r.Read(b)
+}
+
+// done clears the deadline of the message just read, if it had one.
+func (d *msgDeadline) done() {
+	if d.armed {
+		d.c.setReadDeadline(time.Time{})
+		d.armed = false
+	}
+}
+
+// readTimedOut logs a connection closed for a message left incomplete
+// past the read timeout, once per remote host per burst.
+func (c *conn) readTimedOut() {
+	if ok, suppressed := c.s.readLog.allow(remoteHost(c.nc.RemoteAddr()), time.Now()); ok {
+		c.s.log.Info("closing a connection whose message stayed incomplete past the read timeout",
+			"remote", c.nc.RemoteAddr().String(), "read_timeout", c.s.cfg.ReadTimeout, "earlier_not_logged", suppressed)
+	}
 }
 
 var encoderPool = sync.Pool{New: func() any { return newEncoder() }}
@@ -541,7 +633,9 @@ func (c *conn) end() {
 }
 
 func (c *conn) readLoop() {
-	fr := newFrameReader(c.rw, c.s.cfg.MaxMessageSize)
+	md := &msgDeadline{r: c.rw, c: c}
+	fr := newFrameReader(md, c.s.cfg.MaxMessageSize)
+	md.fr = fr
 	dec := msgpack.NewDecoder(nil)
 	last := 0 // the size of the previous message
 	for {
@@ -555,7 +649,11 @@ func (c *conn) readLoop() {
 			dec = msgpack.NewDecoder(nil)
 		}
 		frame, err := fr.next()
+		md.done()
 		if err != nil {
+			if errors.Is(err, os.ErrDeadlineExceeded) && md.c.s.cfg.ReadTimeout > 0 && !c.isStopping() {
+				c.readTimedOut()
+			}
 			c.frameError(dec, frame, err)
 			return
 		}

@@ -5,8 +5,10 @@ import (
 	"crypto/tls"
 	"errors"
 	"io"
+	"net"
 	"time"
 
+	"github.com/fencekv/fencekv"
 	"github.com/vmihailenco/msgpack/v5"
 )
 
@@ -28,6 +30,12 @@ func (c *conn) handshake() bool {
 	ctx, cancel := context.WithTimeout(c.waits, handshakeTimeout)
 	defer cancel()
 	if err := tc.HandshakeContext(ctx); err != nil {
+		var rhe tls.RecordHeaderError
+		if errors.As(err, &rhe) && rhe.Conn != nil {
+			// Plain bytes, most likely a client without TLS: say so, in
+			// plain MessagePack, which that client reads.
+			c.s.tellPlain(rhe.Conn)
+		}
 		switch {
 		case c.waits.Err() != nil:
 			// Shutting down.
@@ -46,6 +54,28 @@ func (c *conn) handshake() bool {
 		c.certPrincipal(st.PeerCertificates[0].Subject.CommonName)
 	}
 	return true
+}
+
+// tellPlain answers a connection whose first bytes are not a TLS handshake
+// with the error notification tls_required (PROTOCOL.md §2.4), unencrypted,
+// then closes its sending side and reads what the client sends on for up
+// to a second, so that the notification is not lost to a reset: a socket
+// closed with unread bytes in it resets the connection.
+func (s *Server) tellPlain(nc net.Conn) {
+	e := newEncoder()
+	e.EncodeArrayLen(3)
+	e.EncodeUint(typeNotification)
+	e.EncodeString("error")
+	e.EncodeArrayLen(1)
+	e.errorMap(&fencekv.Error{Code: fencekv.CodeTLSRequired, Message: "this server requires TLS: connect with TLS (fencekv: --tls-ca FILE, or --tls)"})
+	nc.SetDeadline(time.Now().Add(time.Second))
+	if _, err := nc.Write(e.buf.Bytes()); err != nil {
+		return
+	}
+	if tc, ok := nc.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	io.Copy(io.Discard, io.LimitReader(nc, 1<<20))
 }
 
 // DialWith connects to a fencekv server at addr (host:port) with o's TLS

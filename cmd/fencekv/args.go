@@ -21,6 +21,7 @@ func reorder(app *cli.App, args []string) []string {
 	rest := args[1:]
 	cmds := app.Commands
 	var cmd *cli.Command
+	var global []string // the client flags given before the command ("fencekv --addr X get k")
 	// Walk down the command path: global flags, then command names.
 	for len(rest) > 0 {
 		a := rest[0]
@@ -28,8 +29,19 @@ func reorder(app *cli.App, args []string) []string {
 			if cmd != nil {
 				break
 			}
-			out = append(out, a)
 			rest = rest[1:]
+			if a == "--" || !isFlagOf(app.Flags, a) || appOwn(a) {
+				out = append(out, a)
+				continue
+			}
+			// A client flag: each command reads its own, so it goes to
+			// the command (the app's copy is for the help and the
+			// usage line).
+			global = append(global, a)
+			if takesValueIn(app.Flags, a) && len(rest) > 0 {
+				global = append(global, rest[0])
+				rest = rest[1:]
+			}
 			continue
 		}
 		next := find(cmds, a)
@@ -41,9 +53,17 @@ func reorder(app *cli.App, args []string) []string {
 		out = append(out, a)
 		rest = rest[1:]
 	}
-	if cmd == nil || cmd.SkipFlagParsing {
+	if cmd == nil {
+		out = append(out, global...)
 		return append(out, rest...)
 	}
+	if cmd.SkipFlagParsing {
+		out = append(out, global...)
+		return append(out, rest...)
+	}
+	// The global flags come first, so the command's own, after them,
+	// win ("fencekv --addr A get k --addr B" reads B).
+	rest = append(global, rest...)
 	var flags, positional, tail []string
 	for i := 0; i < len(rest); i++ {
 		a := rest[i]
@@ -95,11 +115,16 @@ func isNumber(s string) bool {
 // takesValue reports whether the flag arg (like "--token" or "-t") of cmd
 // reads the next argument as its value.
 func takesValue(cmd *cli.Command, arg string) bool {
+	return takesValueIn(cmd.Flags, arg)
+}
+
+// takesValueIn is takesValue for one of flags.
+func takesValueIn(flags []cli.Flag, arg string) bool {
 	name := strings.TrimLeft(arg, "-")
 	if strings.Contains(name, "=") {
 		return false
 	}
-	for _, f := range cmd.Flags {
+	for _, f := range flags {
 		for _, n := range f.Names() {
 			if n != name {
 				continue
@@ -109,6 +134,28 @@ func takesValue(cmd *cli.Command, arg string) bool {
 			}
 			return true
 		}
+	}
+	return false
+}
+
+// isFlagOf reports whether arg ("--addr", "--addr=X", "-json") names one
+// of flags.
+func isFlagOf(flags []cli.Flag, arg string) bool {
+	name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "=")
+	for _, f := range flags {
+		if hasName(f, name) {
+			return true
+		}
+	}
+	return false
+}
+
+// appOwn reports whether arg is a flag of the app itself rather than a
+// client flag: --help, --version, and the shells' completion request.
+func appOwn(arg string) bool {
+	switch name, _, _ := strings.Cut(strings.TrimLeft(arg, "-"), "="); name {
+	case "help", "h", "version", "v", "generate-bash-completion":
+		return true
 	}
 	return false
 }

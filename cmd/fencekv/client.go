@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -91,24 +92,66 @@ func (e timeoutError) Unwrap() error { return e.err }
 
 // dialError explains a failed dial: a refusal of the credentials keeps
 // its code (and exit status); anything else is a server not reached.
-func dialError(err error) error {
+func dialError(err error, do *wire.DialOptions) error {
 	var fe *fencekv.Error
-	if errors.As(err, &fe) {
+	var te *wire.TLSError
+	switch {
+	case errors.As(err, &te):
+		return tlsHint(err, te, do)
+	case errors.As(err, &fe):
 		return err
-	}
-	var ve *tls.CertificateVerificationError
-	if errors.As(err, &ve) {
-		return fmt.Errorf("%w (the server's certificate was not accepted: set --tls-ca to the CA that issued it, or --tls-server-name to the name it was issued for)", err)
 	}
 	return fmt.Errorf("%w (is 'fencekv serve' running there? set --addr or FENCEKV_ADDR)", err)
 }
+
+// tlsHint explains a connection TLS refused, te, inside err: a setting of
+// this client that does not match the server's, to be fixed, not retried
+// (exit status 2, --json error "tls").
+func tlsHint(err error, te *wire.TLSError, do *wire.DialOptions) error {
+	hasCert := do != nil && do.TLS != nil && (len(do.TLS.Certificates) > 0 || do.TLS.GetClientCertificate != nil)
+	var fe *fencekv.Error
+	var ve *tls.CertificateVerificationError
+	var rhe tls.RecordHeaderError
+	msg := te.Error()
+	var hint string
+	switch {
+	case errors.As(te, &fe) && fe.Code == fencekv.CodeTLSRequired:
+		hint = "the server requires TLS: set --tls-ca to the CA that issued its certificate (or --tls if a public CA did)"
+	case errors.As(te, &ve):
+		hint = "the server's certificate was not accepted: set --tls-ca to the CA that issued it, or --tls-server-name to the name it was issued for"
+	case errors.As(te, &rhe):
+		hint = "the server does not speak TLS: leave out the --tls flags"
+	case strings.Contains(msg, "certificate required") && hasCert:
+		hint = "the server requires a client certificate that its --tls-client-ca issued, and --tls-cert's was not (a client sends only one the server's CA issued)"
+	case strings.Contains(msg, "certificate required"):
+		hint = "the server requires a client certificate: set --tls-cert and --tls-key"
+	case strings.Contains(msg, "certificate"):
+		hint = "the server did not accept this client's certificate: set --tls-cert and --tls-key to one its --tls-client-ca issued, and in date"
+	default:
+		hint = "a TLS setting does not match the server's: check --tls-ca, --tls-cert, --tls-key and --tls-server-name"
+	}
+	return tlsConfigError{fmt.Errorf("%s (%s; nothing was sent to the store)", strings.TrimPrefix(err.Error(), "wire: "), hint), te}
+}
+
+// tlsConfigError is a TLS refusal explained for people; it unwraps to
+// the *wire.TLSError.
+type tlsConfigError struct {
+	msg error
+	te  *wire.TLSError
+}
+
+func (e tlsConfigError) Error() string { return e.msg.Error() }
+func (e tlsConfigError) Unwrap() error { return e.te }
 
 // closedHint explains a connection the server closed without an answer:
 // most often a TLS server refusing a plain client, or a client without the
 // certificate it requires.
 func closedHint(err error, do *wire.DialOptions) error {
 	var fe *fencekv.Error
+	var te *wire.TLSError
 	switch {
+	case errors.As(err, &te):
+		return tlsHint(err, te, do)
 	case errors.As(err, &fe):
 		return err // the server said why (limit_exceeded)
 	case do.TLS == nil:
@@ -124,7 +167,7 @@ func closedHint(err error, do *wire.DialOptions) error {
 func dial(ctx context.Context, c *cli.Context, do *wire.DialOptions) (*wire.Client, error) {
 	cl, err := wire.DialCluster(ctx, splitList(c.String("addr")), do)
 	if err != nil {
-		return nil, dialError(err)
+		return nil, dialError(err, do)
 	}
 	return cl, nil
 }
@@ -197,7 +240,7 @@ func statusCommand() *cli.Command {
 					"version": st.Version, "last_token": st.LastToken, "revision": st.Revision, "keys": st.Keys,
 					"locks": st.Locks, "waiters": st.Waiters, "commits": st.Commits, "commands": st.Commands, "data_size": st.DataSize,
 					"sync_us": st.SyncTime.Microseconds(), "checkpoints": st.Checkpoints, "checkpoint_us": st.CheckpointTime.Microseconds(),
-					"role": st.Role,
+					"role": st.Role, "pid": st.PID,
 				}
 				if st.Role != "single" && st.Role != "" {
 					human = fmt.Sprintf("node        %s (%s, term %d)\nleader      %s\napplied     %d of %d committed\n",

@@ -4,7 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strconv"
 	"strings"
+	"sync"
+	"time"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/cluster"
@@ -102,31 +105,95 @@ func membersCommand() *cli.Command {
 
 Lists every node the cluster knows, as the node reached sees it: its name,
 client address, gossip state (alive, suspect, dead, left), whether it votes
-in raft, and its raft role. A single node lists nothing.
+in raft, its raft role ("-" for a node that is dead or left), and the
+process id of its server, asked of the node itself (status), "-" if it does
+not answer within a second (to stop or kill one by hand). A single node
+lists nothing.
 
 Example:
   fencekv members --addr 127.0.0.1:7420,127.0.0.1:7421`,
 		Flags: clientFlags(),
 		Action: func(c *cli.Context) error {
+			do, err := clientSecurityOf(c).dialOptions()
+			if err != nil {
+				return err
+			}
 			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
 				ms, err := cl.Members(ctx)
 				if err != nil {
 					return refused(c, err)
 				}
-				var b strings.Builder
-				fmt.Fprintf(&b, "%-10s %-21s %-21s %-8s %-6s %s", "NODE", "CLIENT", "RAFT", "STATE", "VOTER", "ROLE")
-				out := make([]map[string]any, 0, len(ms))
-				for _, m := range ms {
-					fmt.Fprintf(&b, "\n%-10s %-21s %-21s %-8s %-6v %s", m.Node, m.ClientAddr, m.RaftAddr, m.State, m.Voter, m.RaftRole)
-					out = append(out, map[string]any{"node": m.Node, "client_addr": m.ClientAddr, "raft_addr": m.RaftAddr,
-						"gossip_addr": m.GossipAddr, "state": m.State, "voter": m.Voter, "raft_role": m.RaftRole})
-				}
-				if len(ms) == 0 {
-					b.Reset()
-					b.WriteString("a single node: no cluster members")
-				}
-				return show(c, b.String(), map[string]any{"members": out})
+				pids := memberPIDs(ctx, ms, do)
+				human, out := membersTable(ms, pids)
+				return show(c, human, map[string]any{"members": out})
 			})
 		},
 	}
+}
+
+// memberGone reports whether gossip finds a member dead or departed: it has
+// no raft role then, whatever the raft configuration still says.
+func memberGone(m fencekv.Member) bool { return m.State == "dead" || m.State == "left" }
+
+// memberPIDs asks each member that gossip does not find gone for its
+// status, at once, within a second, and returns the process ids of those
+// that answered as themselves, by node name.
+func memberPIDs(ctx context.Context, ms []fencekv.Member, do *wire.DialOptions) map[string]int {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	var mu sync.Mutex
+	var wg sync.WaitGroup
+	pids := map[string]int{}
+	for _, m := range ms {
+		if memberGone(m) || m.ClientAddr == "" {
+			continue
+		}
+		wg.Go(func() {
+			o := *do
+			o.DialTimeout = time.Second
+			cl, err := wire.DialCluster(ctx, []string{m.ClientAddr}, &o)
+			if err != nil {
+				return
+			}
+			defer cl.Close()
+			st, err := cl.Status(ctx)
+			if err != nil || st.Node != m.Node || st.PID == 0 {
+				return
+			}
+			mu.Lock()
+			pids[m.Node] = st.PID
+			mu.Unlock()
+		})
+	}
+	wg.Wait()
+	return pids
+}
+
+// membersTable renders ms, with the process ids known, for people and as
+// JSON (pid null where unknown; raft_role "" for a node gone).
+func membersTable(ms []fencekv.Member, pids map[string]int) (string, []map[string]any) {
+	if len(ms) == 0 {
+		return "a single node: no cluster members", []map[string]any{}
+	}
+	var b strings.Builder
+	fmt.Fprintf(&b, "%-10s %-21s %-21s %-8s %-6s %-9s %s", "NODE", "CLIENT", "RAFT", "STATE", "VOTER", "ROLE", "PID")
+	out := make([]map[string]any, 0, len(ms))
+	for _, m := range ms {
+		role, pid := m.RaftRole, "-"
+		if memberGone(m) || role == "" {
+			role = "-"
+		}
+		var jpid any
+		if p, ok := pids[m.Node]; ok {
+			pid, jpid = strconv.Itoa(p), p
+		}
+		fmt.Fprintf(&b, "\n%-10s %-21s %-21s %-8s %-6v %-9s %s", m.Node, m.ClientAddr, m.RaftAddr, m.State, m.Voter, role, pid)
+		jrole := m.RaftRole
+		if memberGone(m) {
+			jrole = ""
+		}
+		out = append(out, map[string]any{"node": m.Node, "client_addr": m.ClientAddr, "raft_addr": m.RaftAddr,
+			"gossip_addr": m.GossipAddr, "state": m.State, "voter": m.Voter, "raft_role": jrole, "pid": jpid})
+	}
+	return b.String(), out
 }

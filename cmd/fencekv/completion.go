@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"strings"
 
 	"github.com/urfave/cli/v2"
 )
@@ -66,6 +67,16 @@ Prints a script that completes fencekv's commands, subcommands and flags.
   bash:  eval "$(fencekv completion bash)"            (in ~/.bashrc)
   zsh:   eval "$(fencekv completion zsh)"             (in ~/.zshrc, after compinit)
   fish:  fencekv completion fish > ~/.config/fish/completions/fencekv.fish`,
+		// Its argument is a shell: offer those (urfave/cli would offer
+		// "help h", the subcommands a command without any has).
+		BashComplete: func(c *cli.Context) {
+			if c.NArg() > 0 {
+				return
+			}
+			for _, sh := range []string{"bash", "zsh", "fish"} {
+				fmt.Fprintln(c.App.Writer, sh)
+			}
+		},
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 1, 1); err != nil {
 				return err
@@ -82,6 +93,7 @@ Prints a script that completes fencekv's commands, subcommands and flags.
 				if err != nil {
 					return err
 				}
+				script = fishShells(script)
 				_, err = io.WriteString(c.App.Writer, script)
 				return err
 			default:
@@ -102,4 +114,18 @@ func completing(args []string) (bool, []string) {
 		return true, args[:n-1]
 	}
 	return false, args
+}
+
+// fishShells makes urfave/cli's fish script offer the shells as the
+// completion command's argument, where it offers "help h" (the help
+// command urfave/cli gives a command without subcommands).
+func fishShells(script string) string {
+	var b strings.Builder
+	for _, line := range strings.SplitAfter(script, "\n") {
+		if strings.Contains(line, "__fish_seen_subcommand_from completion") && strings.Contains(line, "-a 'help h'") {
+			line = "complete -c fencekv -n '__fish_seen_subcommand_from completion' -f -a 'bash zsh fish' -d 'shell'\n"
+		}
+		b.WriteString(line)
+	}
+	return b.String()
 }

@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/wire"
 	"github.com/urfave/cli/v2"
 )
 
@@ -12,7 +13,7 @@ import (
 const (
 	exitOK        = 0
 	exitError     = 1 // the server or the connection failed
-	exitUsage     = 2 // bad arguments, bad_request, too_large, unknown_method
+	exitUsage     = 2 // bad arguments, bad_request, too_large, unknown_method, TLS settings that do not match the server's
 	exitFenced    = 3 // stale_token, not_holder, lease_expired; run-locked lost its lease
 	exitLockHeld  = 4 // lock_held, or a wait ran out
 	exitCondition = 5 // compare_failed, not_integer
@@ -48,8 +49,9 @@ func exitCode(err error) int {
 		return ec.ExitCode()
 	}
 	var ue usageError
-	if errors.As(err, &ue) {
-		return exitUsage
+	var te *wire.TLSError
+	if errors.As(err, &ue) || errors.As(err, &te) {
+		return exitUsage // a TLS refusal is a setting to fix, not an outage
 	}
 	var fe *fencekv.Error
 	if errors.As(err, &fe) {

@@ -42,6 +42,7 @@ const (
 	errTimeout     = "timeout"     // no answer within --timeout (outcome "unknown" for a command that changes state)
 	errLeaseLost   = "lease_lost"  // run-locked: the lease may have been lost
 	errSignalled   = "signalled"   // run-locked: a signal ended the wait for the lock
+	errTLS         = "tls"         // TLS refused the connection before any request was read: a setting to fix (no outcome: nothing was sent to the store)
 	errOther       = "error"       // anything else (a local file, a broken data dir, ...)
 )
 
@@ -51,16 +52,19 @@ const (
 //
 // CODE is the refusal's code (stale_token, lock_held, ...: wire/PROTOCOL.md
 // §6) with its facts (fence, token, holder, retry_ms, revision, key,
-// leader, outcome), or one of usage, unavailable, timeout, lease_lost,
-// signalled, error.
+// leader, outcome), or one of usage, unavailable, timeout, tls,
+// lease_lost, signalled, error.
 func errorJSON(err error) map[string]any {
 	out := map[string]any{"error": errOther, "message": err.Error()}
 	var fe *fencekv.Error
 	var ce *wire.ConnError
 	var ue usageError
+	var te *wire.TLSError
 	switch {
 	case errors.As(err, &ue):
 		out["error"] = errUsage
+	case errors.As(err, &te):
+		out["error"] = errTLS
 	case errors.As(err, &fe):
 		out["error"] = fe.Code
 		switch fe.Code {

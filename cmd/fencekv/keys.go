@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"os"
 	"strconv"
 	"strings"
 
@@ -50,17 +51,46 @@ func getCommand() *cli.Command {
 		Name:      "get",
 		Usage:     "print a key's value",
 		ArgsUsage: "KEY",
-		UsageText: "fencekv get KEY [--json]\n\nPrints the value followed by a newline. A missing key prints nothing and exits 6;\n--json shows found, fence and revision as well (a deleted key still has its fence).\n\nExamples:\n  fencekv get config/mode\n  fencekv get inventory/sku-1 --json     # value, fence and revision",
-		Flags:     clientFlags(),
+		UsageText: `fencekv get KEY [--json | --raw | -o FILE]
+
+Prints the value followed by a newline; --raw prints its bytes alone, and
+-o FILE writes them to FILE, so that 'put k - < f' and 'get k -o g' (or
+'get k --raw > g') copy a file exactly. A missing key prints nothing,
+writes no file, and exits 6; --json shows found, fence and revision as
+well (a deleted key still has its fence).
+
+Examples:
+  fencekv get config/mode
+  fencekv get inventory/sku-1 --json     # value, fence and revision
+  fencekv get backups/config.tar -o config.tar`,
+		Flags: flags(clientFlags(), []cli.Flag{
+			&cli.BoolFlag{Name: "raw", Usage: "print the value's bytes alone, with no newline"},
+			&cli.StringFlag{Name: "output", Aliases: []string{"o"}, Usage: "write the value's bytes to `FILE` (\"-\": standard output) instead of printing it"},
+		}),
 		Action: func(c *cli.Context) error {
 			if err := nargs(c, 1, 1); err != nil {
 				return err
 			}
 			key := []byte(c.Args().First())
+			out := c.String("output")
+			if c.Bool("raw") && (c.Bool("json") || c.IsSet("output")) {
+				return usagef("get: --raw prints the value alone: not with --json or -o")
+			}
+			if c.IsSet("output") && out == "" {
+				return usagef("get: -o needs a FILE (\"-\": standard output)")
+			}
+			if out == "-" && c.Bool("json") {
+				return usagef("get: -o - and --json would both write to standard output")
+			}
 			return withClient(c, 0, func(ctx context.Context, cl *wire.Client) error {
 				e, err := cl.Get(ctx, key)
 				if err != nil {
 					return refused(c, err)
+				}
+				if out != "" && e.Found {
+					if err := writeValue(c, out, e.Value); err != nil {
+						return err
+					}
 				}
 				if c.Bool("json") {
 					out := setText(map[string]any{"found": e.Found, "fence": e.Fence, "revision": e.Revision}, "key", key)
@@ -70,6 +100,12 @@ func getCommand() *cli.Command {
 						out["value"] = nil // an empty value is "": a missing key has none
 					}
 					if err := show(c, "", out); err != nil {
+						return err
+					}
+				} else if e.Found && out != "" {
+					// written to the file
+				} else if e.Found && c.Bool("raw") {
+					if _, err := c.App.Writer.Write(e.Value); err != nil {
 						return err
 					}
 				} else if e.Found {
@@ -84,6 +120,19 @@ func getCommand() *cli.Command {
 			})
 		},
 	}
+}
+
+// writeValue writes a value's bytes to path, or to standard output for
+// "-".
+func writeValue(c *cli.Context, path string, v []byte) error {
+	if path == "-" {
+		_, err := c.App.Writer.Write(v)
+		return err
+	}
+	if err := os.WriteFile(path, v, 0o666); err != nil {
+		return fmt.Errorf("get: -o: %w", err)
+	}
+	return nil
 }
 
 func putCommand() *cli.Command {

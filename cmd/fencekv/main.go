@@ -65,8 +65,8 @@ Start a server with 'fencekv serve', then use the client commands against it
 (--addr or FENCEKV_ADDR, default 127.0.0.1:7420).
 
 Exit status: 0 ok; 1 server or connection error; 2 usage error (bad
-arguments, bad_request, too_large); 3 refused by fencing (stale_token,
-not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
+arguments, bad_request, too_large, TLS settings that do not match the
+server's); 3 refused by fencing (stale_token, not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
 condition failed (compare_failed, not_integer); 6 key not found (get);
 7 verify found a broken guarantee, or check found damage; 8
 unauthenticated (no or wrong credentials); 9 permission_denied. run-locked
@@ -84,9 +84,14 @@ Shell completion: fencekv completion bash|zsh|fish.`,
 		Suggest:              true,
 		EnableBashCompletion: true,
 		ExitErrHandler:       func(*cli.Context, error) {}, // run maps errors to statuses
-		OnUsageError: func(_ *cli.Context, err error, _ bool) error {
-			return usageError{err}
+		OnUsageError: func(c *cli.Context, err error, _ bool) error {
+			// "fencekv --adr X get k": the nearest global flag.
+			return usageError{fmt.Errorf("%w (see 'fencekv --help')", flagHint(&cli.Command{Flags: c.App.Flags}, err))}
 		},
+		// The client flags are accepted before the command too ("fencekv
+		// --addr X get k", as etcdctl and kubectl take them): reorder
+		// moves them to the command, which reads them.
+		Flags: clientFlags(),
 		Commands: []*cli.Command{
 			serveCommand(),
 			checkCommand(),

@@ -92,18 +92,18 @@ func TestServeTLSAndAuth(t *testing.T) {
 		"FENCEKV_USER=ops", "FENCEKV_SECRET_FILE="+f.opsSecret)
 
 	// A plain client: refused, told why, logged by the server.
-	r := plain.fails(exitError, "ping")
-	wantContains(t, "plain client's error", r.stderr, "does it require TLS")
+	r := plain.fails(exitUsage, "ping")
+	wantContains(t, "plain client's error", r.stderr, "the server requires TLS")
 	waitFor(t, 5*time.Second, "the server's refusal line", func() bool {
 		return strings.Contains(s.log.String(), "TLS handshake failed") && strings.Contains(s.log.String(), "does not look like a TLS handshake")
 	})
 	// A client that does not trust the server's certificate is told how
 	// to make it, not asked whether a server runs there.
-	r = s.shell(t).fails(exitError, "ping", "--tls")
+	r = s.shell(t).fails(exitUsage, "ping", "--tls")
 	wantContains(t, "untrusting client's error", r.stderr, "set --tls-ca")
 	// A client certificate from another CA: refused.
 	asIntruder := s.shell(t, "FENCEKV_TLS_CA="+f.ca, "FENCEKV_TLS_CERT="+f.intruderCert, "FENCEKV_TLS_KEY="+f.intrKey)
-	asIntruder.fails(exitError, "put", "deploy/x", "1")
+	asIntruder.fails(exitUsage, "put", "deploy/x", "1")
 
 	// The certificate's common name is the principal: deploy may write
 	// deploy/ and use lock deploy, nothing else.

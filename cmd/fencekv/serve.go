@@ -38,12 +38,13 @@ Example:
 		Flags: append([]cli.Flag{
 			&cli.StringFlag{Name: "data", Value: "./fencekv-data", EnvVars: env("DATA"), Usage: "data `DIR` (created if missing; one server per dir)"},
 			&cli.StringFlag{Name: "listen", Value: DefaultAddr, EnvVars: env("LISTEN"), Usage: "TCP `ADDRESS` to serve on"},
-			&cli.IntFlag{Name: "max-message-size", Value: w.MaxMessageSize, EnvVars: env("MAX_MESSAGE_SIZE"), Usage: "largest request in bytes"},
+			&cli.IntFlag{Name: "max-message-size", Value: w.MaxMessageSize, EnvVars: env("MAX_MESSAGE_SIZE"), Usage: "largest request in bytes (at least --max-value-size plus twice --max-key-size plus 256: a put of the largest value must fit)"},
 			&cli.IntFlag{Name: "max-key-size", Value: d.MaxKeySize, EnvVars: env("MAX_KEY_SIZE"), Usage: "largest key, lock name or holder in bytes"},
-			&cli.IntFlag{Name: "max-value-size", Value: d.MaxValueSize, EnvVars: env("MAX_VALUE_SIZE"), Usage: "largest value in bytes"},
+			&cli.IntFlag{Name: "max-value-size", Value: d.MaxValueSize, EnvVars: env("MAX_VALUE_SIZE"), Usage: "largest value in bytes (must fit in --max-message-size, with its key)"},
 			&cli.IntFlag{Name: "max-conns", Value: w.MaxConns, EnvVars: env("MAX_CONNS"), Usage: "most client connections at once"},
 			&cli.IntFlag{Name: "max-in-flight", Value: w.MaxInFlight, EnvVars: env("MAX_IN_FLIGHT"), Usage: "most pending requests per connection"},
 			&cli.IntFlag{Name: "max-pending-bytes", Value: w.MaxPendingBytes, EnvVars: env("MAX_PENDING_BYTES"), Usage: "bytes per connection of unsent answers and of the values of its writes in flight, past which its requests are not read until the client reads its answers or the writes are applied"},
+			&cli.DurationFlag{Name: "read-timeout", Value: w.ReadTimeout, EnvVars: env("READ_TIMEOUT"), Usage: "close a connection whose message has begun to arrive and is not whole this long after (a half-sent message no longer holds a connection); 0 turns it off; idle connections have no timeout"},
 			&cli.IntFlag{Name: "max-watches", Value: w.MaxWatches, EnvVars: env("MAX_WATCHES"), Usage: "most watches per connection"},
 			&cli.IntFlag{Name: "max-watchers", Value: d.MaxWatchers, EnvVars: env("MAX_WATCHERS"), Usage: "most watches at once, store-wide"},
 			&cli.BoolFlag{Name: "event-loop", Value: w.EventLoop, EnvVars: env("EVENT_LOOP"), Usage: "serve plain TCP connections of a single node from one epoll event loop (Linux); false: a goroutine per connection"},
@@ -80,6 +81,13 @@ Example:
 			wc.MaxPendingBytes = c.Int("max-pending-bytes")
 			wc.MaxWatches = c.Int("max-watches")
 			wc.EventLoop = c.Bool("event-loop")
+			wc.ReadTimeout = c.Duration("read-timeout")
+			if wc.ReadTimeout < 0 {
+				return usagef("--read-timeout %v: want a duration of 0 (none) or more", wc.ReadTimeout)
+			}
+			if err := valueFits(o, wc); err != nil {
+				return err
+			}
 			// TLS and auth (security.go).
 			sec, err := serverSecurityOf(c, c.String("node") != "")
 			if err != nil {
@@ -125,6 +133,24 @@ Example:
 			return serve(ctx, log, open, c.String("data"), c.String("listen"), wc, c.Duration("shutdown-timeout"), nil, ops)
 		},
 	}
+}
+
+// messageOverhead is what a put's message carries besides its value, key
+// and lock name: the envelope, the method, the field names, the token and
+// the headers of the byte strings.
+const messageOverhead = 256
+
+// valueFits refuses a value limit that the message limit does not leave
+// room for: a put of the largest value, with the longest key and lock
+// name, must fit in one message, or values the store accepts could never
+// be sent (the server would answer them too_large).
+func valueFits(o fencekv.Options, wc wire.Config) error {
+	need := o.MaxValueSize + 2*o.MaxKeySize + messageOverhead
+	if need <= wc.MaxMessageSize {
+		return nil
+	}
+	return usagef("--max-value-size %d does not fit in --max-message-size %d: a put also carries its key and lock name (up to --max-key-size %d each) and %d bytes of framing; raise --max-message-size to at least %d, or lower --max-value-size to at most %d",
+		o.MaxValueSize, wc.MaxMessageSize, o.MaxKeySize, messageOverhead, need, max(wc.MaxMessageSize-2*o.MaxKeySize-messageOverhead, 0))
 }
 
 // shutdownSignals returns a context cancelled by the first SIGINT or

@@ -45,7 +45,7 @@ Example:
 			}
 			w, err := wire.WatchWith(ctx, splitList(c.String("addr")), o, do)
 			if err != nil {
-				return refused(c, dialError(err))
+				return refused(c, dialError(err, do))
 			}
 			defer w.Close()
 			for {
