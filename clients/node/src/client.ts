@@ -29,7 +29,8 @@ export interface ClientOptions {
   timeout?: Duration;
   /** Bound on connecting to one address (TCP, TLS) and, with several
    * addresses, on its first answer (a stopped node's kernel still accepts
-   * connections). Default: 2s, or the timeout if shorter. */
+   * connections). Default: 2s, or a third of the timeout if shorter, so
+   * that a call passes over a silent node within its timeout. */
   connectTimeout?: Duration;
   /** TLS: true (system CAs), or node:tls options (ca, cert, key for mutual
    * TLS, servername, ...). TLS 1.2 at least. */
@@ -271,7 +272,7 @@ export class Client {
       o.connectTimeout !== undefined
         ? toMs(o.connectTimeout, "connectTimeout")
         : this.timeoutMs > 0
-          ? Math.min(2000, this.timeoutMs)
+          ? Math.min(2000, Math.max(Math.floor(this.timeoutMs / 3), 1))
           : 2000;
     this.tlsOpts = o.tls;
     this.user = o.user;

@@ -68,6 +68,7 @@ export class Link {
   private nextId = 0;
   private rest: Buffer | null = null;
   private corked = false;
+  private gotData = false;
   /** Server notifications other than "error" (watch events). */
   onNotification: ((method: string, params: Record<string, unknown> | undefined) => void) | undefined;
   /** Called once when the connection dies. */
@@ -215,6 +216,14 @@ export class Link {
 
   private receive(chunk: Buffer): void {
     if (this.dead) return;
+    if (!this.gotData) {
+      this.gotData = true;
+      if (chunk.length >= 2 && chunk[0]! >= 0x14 && chunk[0]! <= 0x17 && chunk[1] === 0x03) {
+        // A TLS record (an alert): a plain client talking to a TLS server.
+        this.fail(new ProtocolError(`fencekv: ${this.addr} answered with TLS: it is a TLS server (set the tls option)`));
+        return;
+      }
+    }
     let buf = this.rest === null ? chunk : Buffer.concat([this.rest, chunk]);
     let off = 0;
     try {
