@@ -27,7 +27,11 @@ export interface LinkOptions {
 
 /** Thrown by Link.call when nothing was written: the connection was already
  * dead. The caller may send the call on another connection. */
-export class NotSent extends Error {}
+export class NotSent extends ConnectionError {
+  constructor(why: string, addr = "") {
+    super(`fencekv: not sent: ${why}`, { addr, sent: false, method: "", effect: false });
+  }
+}
 
 interface Pending {
   method: string;
@@ -39,6 +43,8 @@ interface Pending {
    * comes, goes here. */
   late?: (err: FencekvError | null, result: Record<string, unknown> | null) => void;
   abandoned: boolean;
+  /** Its bytes were handed to the socket. */
+  written: boolean;
 }
 
 const encoder = new Encoder({ useBigInt64: true, ignoreUndefined: true });
@@ -67,7 +73,9 @@ export class Link {
   private pending = new Map<number, Pending>();
   private nextId = 0;
   private rest: Buffer | null = null;
-  private corked = false;
+  private out: Uint8Array[] = [];
+  private outBytes = 0;
+  private unwritten: Pending[] = [];
   private gotData = false;
   /** Server notifications other than "error" (watch events). */
   onNotification: ((method: string, params: Record<string, unknown> | undefined) => void) | undefined;
@@ -136,9 +144,9 @@ export class Link {
     timeoutMs: number,
     o?: { signal?: AbortSignal | undefined; late?: Pending["late"]; effect?: boolean },
   ): Promise<Record<string, unknown>> {
-    if (this.dead || this.socket.destroyed) {
+    if (this.dead || this.socket.destroyed || this.socket.readableEnded || !this.socket.writable) {
       this.fail(new Error("fencekv: the connection is closed"));
-      throw new NotSent(this.cause?.message ?? "closed");
+      throw new NotSent(this.cause?.message ?? "closed", this.addr);
     }
     let id = this.nextId;
     do {
@@ -147,7 +155,7 @@ export class Link {
     this.nextId = id;
     const bytes = encoder.encode([0, id, method, params === undefined ? [] : [params]]);
     return new Promise((resolve, reject) => {
-      const p: Pending = { method, effect: o?.effect ?? changesState(method), resolve, reject, abandoned: false, late: undefined };
+      const p: Pending = { method, effect: o?.effect ?? changesState(method), resolve, reject, abandoned: false, late: undefined, written: false };
       this.pending.set(id, p);
       const giveUp = (err: unknown) => {
         if (p.abandoned) return;
@@ -191,28 +199,39 @@ export class Link {
           o.signal.addEventListener("abort", onAbort, { once: true });
         }
       }
-      this.write(bytes);
+      this.write(bytes, p);
     });
   }
 
   /** notify sends a notification (no answer). */
   notify(method: string, params?: Record<string, unknown>): void {
-    if (this.dead) throw new NotSent("closed");
+    if (this.dead) throw new NotSent("closed", this.addr);
     this.write(encoder.encode([2, method, params === undefined ? [] : [params]]));
   }
 
-  private write(bytes: Uint8Array): void {
-    if (!this.corked) {
-      // Calls made in one turn of the event loop go out in one write.
-      this.corked = true;
-      this.socket.cork();
-      process.nextTick(() => {
-        this.corked = false;
-        this.socket.uncork();
-      });
-    }
-    this.socket.write(bytes);
+  private write(bytes: Uint8Array, p?: Pending): void {
+    // Calls made in one turn of the event loop go out in one write.
+    if (this.out.length === 0) process.nextTick(this.flush);
+    this.out.push(bytes);
+    this.outBytes += bytes.length;
+    if (p) this.unwritten.push(p);
   }
+
+  private readonly flush = (): void => {
+    const out = this.out;
+    const n = this.outBytes;
+    this.out = [];
+    this.outBytes = 0;
+    if (this.dead || out.length === 0) return;
+    for (const p of this.unwritten) p.written = true;
+    this.unwritten = [];
+    if (out.length === 1) {
+      const b = out[0]!;
+      this.socket.write(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
+    } else {
+      this.socket.write(Buffer.concat(out, n));
+    }
+  };
 
   private receive(chunk: Buffer): void {
     if (this.dead) return;
@@ -303,6 +322,11 @@ export class Link {
       }
       if (refused) {
         p.reject(err);
+        continue;
+      }
+      if (!p.written) {
+        // Never handed to the socket: safe to send on another connection.
+        p.reject(new NotSent(err.message, this.addr));
         continue;
       }
       p.reject(
