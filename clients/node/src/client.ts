@@ -342,6 +342,7 @@ export class Client {
         this.backoff = 0;
         this.nextDial = 0;
         this.dialErr = undefined;
+        l.resend = this.send;
         this.cur = l;
         this.lastAddr = this.addrs.indexOf(l.addr);
         return l;
@@ -440,12 +441,32 @@ export class Client {
   /** call sends a request for any method (params: the named arguments) and
    * returns its result map as decoded. The typed methods below are built on
    * it. */
-  async call(
+  call(
     method: string,
     params?: Record<string, unknown>,
     o?: CallOptions & { late?: (err: FencekvError | null, result: Record<string, unknown> | null) => void; extraMs?: number },
   ): Promise<Record<string, unknown>> {
+    const l = this.cur;
+    const plain = o === undefined || (o.timeout === undefined && o.signal === undefined && o.late === undefined && !o.extraMs);
+    if (plain && l !== undefined && !l.dead && !this.closedFlag) {
+      // The common case, without an async frame of its own.
+      try {
+        return l.call(method, params, this.timeoutMs);
+      } catch (e) {
+        if (!(e instanceof NotSent)) throw e;
+      }
+    }
     const timeout = (o?.timeout !== undefined ? toMs(o.timeout, "timeout") : this.timeoutMs) + (o?.extraMs ?? 0);
+    return this.send(method, params, timeout, o?.signal || o?.late ? { signal: o.signal, late: o.late } : undefined);
+  }
+
+  /** send sends a call on the current connection, or a new one. */
+  private readonly send = async (
+    method: string,
+    params: Record<string, unknown> | undefined,
+    timeout: number,
+    o: { signal?: AbortSignal | undefined; late?: ((err: FencekvError | null, result: Record<string, unknown> | null) => void) | undefined } | undefined,
+  ): Promise<Record<string, unknown>> => {
     const signal = o?.signal;
     if (signal?.aborted) throw signal.reason;
     for (;;) {
@@ -453,13 +474,13 @@ export class Client {
       if (l instanceof Promise) l = await l;
       if (signal?.aborted) throw signal.reason;
       try {
-        return await l.call(method, params, timeout, { signal, late: o?.late });
+        return await l.call(method, params, timeout, o);
       } catch (e) {
         if (e instanceof NotSent) continue; // nothing written: on a new connection
         throw e;
       }
     }
-  }
+  };
 
   // ---- keys
 
@@ -470,7 +491,8 @@ export class Client {
 
   /** get reads a key; a missing key is not an error (found: false). */
   async get(key: Bytes, o?: ReadOptions): Promise<Entry> {
-    return toEntry(await this.call("get", { key, consistency: o?.consistency }, o), key);
+    const r = await this.call("get", o?.consistency === undefined ? { key } : { key, consistency: o.consistency }, o);
+    return toEntry(r, key);
   }
 
   private writeParams(key: Bytes | undefined, o: WriteOptions | undefined): Record<string, unknown> {

@@ -33,18 +33,48 @@ export class NotSent extends ConnectionError {
   }
 }
 
-interface Pending {
-  method: string;
-  effect: boolean;
-  resolve: (v: Record<string, unknown>) => void;
-  reject: (e: unknown) => void;
-  timer?: NodeJS.Timeout;
+type Late = (err: FencekvError | null, result: Record<string, unknown> | null) => void;
+
+export interface CallOpts {
+  signal?: AbortSignal | undefined;
+  /** Where the answer goes if it comes after the caller gave up. */
+  late?: Late | undefined;
+  effect?: boolean;
+}
+
+class Pending {
+  res!: (v: Record<string, unknown>) => void;
+  rej!: (e: unknown) => void;
+  /** When it times out (performance.now() ms); 0: never. */
+  deadline = 0;
   /** Set once the caller gave up (timeout, abort): the answer, if it still
-   * comes, goes here. */
-  late?: (err: FencekvError | null, result: Record<string, unknown> | null) => void;
-  abandoned: boolean;
+   * comes, goes to late. */
+  abandoned = false;
+  late: Late | undefined;
   /** Its bytes were handed to the socket. */
-  written: boolean;
+  written = false;
+  onAbort: (() => void) | undefined;
+  constructor(
+    readonly method: string,
+    readonly params: Record<string, unknown> | undefined,
+    readonly timeoutMs: number,
+    readonly effect: boolean,
+    readonly opts: CallOpts | undefined,
+  ) {}
+  /** settled: the caller is answered; stop listening. */
+  done = false;
+  settled(): void {
+    this.done = true;
+    if (this.onAbort) this.opts!.signal!.removeEventListener("abort", this.onAbort);
+  }
+  resolve(v: Record<string, unknown>): void {
+    this.settled();
+    this.res(v);
+  }
+  reject(e: unknown): void {
+    this.settled();
+    this.rej(e);
+  }
 }
 
 const encoder = new Encoder({ useBigInt64: true, ignoreUndefined: true });
@@ -73,9 +103,14 @@ export class Link {
   private pending = new Map<number, Pending>();
   private nextId = 0;
   private rest: Buffer | null = null;
-  private out: Uint8Array[] = [];
-  private outBytes = 0;
+  private out: Buffer | null = null;
+  private outLen = 0;
   private unwritten: Pending[] = [];
+  private sweepTimer: NodeJS.Timeout | undefined;
+  private sweepAt = 0;
+  /** Resends a call that was never written when its connection died (set
+   * by the client); without it such a call fails with NotSent. */
+  resend: ((method: string, params: Record<string, unknown> | undefined, timeoutMs: number, o: CallOpts | undefined) => Promise<Record<string, unknown>>) | undefined;
   private gotData = false;
   /** Server notifications other than "error" (watch events). */
   onNotification: ((method: string, params: Record<string, unknown> | undefined) => void) | undefined;
@@ -138,12 +173,7 @@ export class Link {
    * with the server's refusal, a ConnectionError, or a TimeoutError after
    * timeoutMs (0: none). It throws NotSent, synchronously, if the
    * connection is dead. */
-  call(
-    method: string,
-    params: Record<string, unknown> | undefined,
-    timeoutMs: number,
-    o?: { signal?: AbortSignal | undefined; late?: Pending["late"]; effect?: boolean },
-  ): Promise<Record<string, unknown>> {
+  call(method: string, params: Record<string, unknown> | undefined, timeoutMs: number, o?: CallOpts): Promise<Record<string, unknown>> {
     if (this.dead || this.socket.destroyed || this.socket.readableEnded || !this.socket.writable) {
       this.fail(new Error("fencekv: the connection is closed"));
       throw new NotSent(this.cause?.message ?? "closed", this.addr);
@@ -153,84 +183,99 @@ export class Link {
       id = (id + 1) >>> 0;
     } while (this.pending.has(id));
     this.nextId = id;
-    const bytes = encoder.encode([0, id, method, params === undefined ? [] : [params]]);
-    return new Promise((resolve, reject) => {
-      const p: Pending = { method, effect: o?.effect ?? changesState(method), resolve, reject, abandoned: false, late: undefined, written: false };
-      this.pending.set(id, p);
-      const giveUp = (err: unknown) => {
-        if (p.abandoned) return;
-        p.abandoned = true;
-        p.late = o?.late;
-        if (p.timer) clearTimeout(p.timer);
-        o?.signal?.removeEventListener("abort", onAbort);
-        // The entry stays until the answer comes or the connection dies, so
-        // that its msgid is not reused while the server may still answer it.
-        reject(err);
-      };
-      const onAbort = () => giveUp(o!.signal!.reason);
-      p.resolve = (v) => {
-        if (p.timer) clearTimeout(p.timer);
-        o?.signal?.removeEventListener("abort", onAbort);
-        resolve(v);
-      };
-      p.reject = (e) => {
-        if (p.timer) clearTimeout(p.timer);
-        o?.signal?.removeEventListener("abort", onAbort);
-        reject(e);
-      };
-      if (timeoutMs > 0) {
-        p.timer = setTimeout(
-          () =>
-            giveUp(
-              new TimeoutError(
-                `fencekv: ${method} to ${this.addr}: no answer within ${timeoutMs} ms` +
-                  (p.effect ? " (the request was sent: it may or may not have been applied)" : ""),
-                { addr: this.addr, sent: true, method, effect: p.effect },
-              ),
-            ),
-          timeoutMs,
-        );
-      }
-      if (o?.signal) {
-        if (o.signal.aborted) {
-          // Checked by the caller before sending; here for safety.
-          queueMicrotask(onAbort);
-        } else {
-          o.signal.addEventListener("abort", onAbort, { once: true });
-        }
-      }
-      this.write(bytes, p);
+    const p = new Pending(method, params, timeoutMs, o?.effect ?? changesState(method), o);
+    const promise = new Promise<Record<string, unknown>>((res, rej) => {
+      p.res = res;
+      p.rej = rej;
     });
+    this.write(encoder.encodeSharedRef([0, id, method, params === undefined ? [] : [params]]), p);
+    this.pending.set(id, p);
+    if (timeoutMs > 0) {
+      p.deadline = performance.now() + timeoutMs;
+      if (this.sweepAt === 0 || p.deadline < this.sweepAt) this.armSweep(p.deadline);
+    }
+    const signal = o?.signal;
+    if (signal) {
+      p.onAbort = () => this.giveUp(p, signal.reason);
+      if (signal.aborted) queueMicrotask(p.onAbort);
+      else signal.addEventListener("abort", p.onAbort, { once: true });
+    }
+    return promise;
   }
+
+  /** giveUp fails the caller's promise; the entry stays until the answer
+   * comes or the connection dies, so that its msgid is not reused while the
+   * server may still answer it. */
+  private giveUp(p: Pending, err: unknown): void {
+    if (p.abandoned || p.done) return;
+    p.abandoned = true;
+    p.late = p.opts?.late;
+    p.reject(err);
+  }
+
+  private armSweep(at: number): void {
+    if (this.sweepTimer) clearTimeout(this.sweepTimer);
+    this.sweepAt = at;
+    this.sweepTimer = setTimeout(this.sweep, Math.max(at - performance.now(), 0) + 1);
+    this.sweepTimer.unref();
+  }
+
+  /** sweep times out the calls whose deadline has passed, and arms itself
+   * for the next deadline. One timer per connection, not one per call. */
+  private readonly sweep = (): void => {
+    this.sweepTimer = undefined;
+    this.sweepAt = 0;
+    if (this.dead) return;
+    const t = performance.now();
+    let next = 0;
+    for (const p of this.pending.values()) {
+      if (p.abandoned || p.deadline === 0) continue;
+      if (p.deadline <= t) {
+        this.giveUp(
+          p,
+          new TimeoutError(
+            `fencekv: ${p.method} to ${this.addr}: no answer within ${p.timeoutMs} ms` +
+              (p.effect ? " (the request was sent: it may or may not have been applied)" : ""),
+            { addr: this.addr, sent: true, method: p.method, effect: p.effect },
+          ),
+        );
+      } else if (next === 0 || p.deadline < next) {
+        next = p.deadline;
+      }
+    }
+    if (next !== 0) this.armSweep(next);
+  };
 
   /** notify sends a notification (no answer). */
   notify(method: string, params?: Record<string, unknown>): void {
     if (this.dead) throw new NotSent("closed", this.addr);
-    this.write(encoder.encode([2, method, params === undefined ? [] : [params]]));
+    this.write(encoder.encodeSharedRef([2, method, params === undefined ? [] : [params]]));
   }
 
   private write(bytes: Uint8Array, p?: Pending): void {
-    // Calls made in one turn of the event loop go out in one write.
-    if (this.out.length === 0) process.nextTick(this.flush);
-    this.out.push(bytes);
-    this.outBytes += bytes.length;
+    // Calls made in one turn of the event loop go out in one write: their
+    // bytes are gathered in one buffer, handed to the socket on the next tick.
+    const n = bytes.length;
+    if (this.outLen === 0) process.nextTick(this.flush);
+    if (this.out === null || this.outLen + n > this.out.length) {
+      const grown = Buffer.allocUnsafe(Math.max(4096, 2 * (this.outLen + n)));
+      if (this.out !== null && this.outLen > 0) this.out.copy(grown, 0, 0, this.outLen);
+      this.out = grown;
+    }
+    this.out.set(bytes, this.outLen);
+    this.outLen += n;
     if (p) this.unwritten.push(p);
   }
 
   private readonly flush = (): void => {
     const out = this.out;
-    const n = this.outBytes;
-    this.out = [];
-    this.outBytes = 0;
-    if (this.dead || out.length === 0) return;
+    const n = this.outLen;
+    this.out = null; // the socket keeps this one until it is written
+    this.outLen = 0;
+    if (this.dead || out === null || n === 0) return;
     for (const p of this.unwritten) p.written = true;
     this.unwritten = [];
-    if (out.length === 1) {
-      const b = out[0]!;
-      this.socket.write(Buffer.from(b.buffer, b.byteOffset, b.byteLength));
-    } else {
-      this.socket.write(Buffer.concat(out, n));
-    }
+    this.socket.write(out.subarray(0, n));
   };
 
   private receive(chunk: Buffer): void {
@@ -313,6 +358,7 @@ export class Link {
     this.dead = true;
     this.cause = err;
     this.socket.destroy();
+    if (this.sweepTimer) clearTimeout(this.sweepTimer);
     const pending = this.pending;
     this.pending = new Map();
     for (const p of pending.values()) {
@@ -326,7 +372,8 @@ export class Link {
       }
       if (!p.written) {
         // Never handed to the socket: safe to send on another connection.
-        p.reject(new NotSent(err.message, this.addr));
+        if (this.resend) this.resend(p.method, p.params, p.timeoutMs, p.opts).then((v) => p.resolve(v), (e) => p.reject(e));
+        else p.reject(new NotSent(err.message, this.addr));
         continue;
       }
       p.reject(

@@ -121,3 +121,20 @@ test("a call that is never answered times out; a write's outcome is then unknown
     f.close();
   }
 });
+
+test("a short timeout after a long one still fires on time (one sweep timer per connection)", async () => {
+  const f = await fake(() => {});
+  const c = new Client({ addrs: f.addr, timeout: 5000 });
+  try {
+    const long = c.get("k").catch((e: unknown) => e);
+    const t0 = performance.now();
+    await assert.rejects(c.get("k", { timeout: 100 }), (e: unknown) => e instanceof ConnectionError);
+    const took = performance.now() - t0;
+    assert.ok(took >= 99 && took < 600, `timed out after ${took} ms`);
+    await c.close();
+    assert.ok((await long) instanceof FencekvError);
+  } finally {
+    await c.close();
+    f.close();
+  }
+});
