@@ -6,7 +6,7 @@
 // fencekv's put with a token, without its durability), and SET on a redis
 // with appendfsync always (durable, as fencekv's writes are).
 //
-//   npm ci && npx tsc && node bench.mjs [seconds per case, default 2]
+//   npm ci && npx tsc && node bench.mjs [seconds per case, default 1] [rounds, default 3]
 //
 // FENCEKV_BIN: the server binary (default: built from this tree).
 // REDIS_SERVER: redis-server (default: from PATH; skipped if missing).
@@ -20,7 +20,7 @@ import { fileURLToPath } from "node:url";
 import { Client } from "./dist/src/index.js";
 
 const here = dirname(fileURLToPath(import.meta.url));
-const secs = Number(process.argv[2] ?? 2);
+const secs = Number(process.argv[2] ?? 1);
 const tmp = mkdtempSync(join(tmpdir(), "fencekv-bench-"));
 const children = [];
 process.on("exit", () => {
@@ -82,33 +82,26 @@ async function run(n, op) {
   return { rate: count / secs, us: (lat / count) * 1000 };
 }
 
-const rows = [];
-function report(name, n, r) {
-  rows.push({ name, n, ...r });
-  console.log(`${name.padEnd(34)} ${String(n).padStart(2)} callers  ${Math.round(r.rate).toString().padStart(7)} calls/s  ${r.us.toFixed(1).padStart(7)} µs/call`);
-}
-
 const value = Buffer.alloc(100, 120);
+const rounds = Number(process.argv[3] ?? 3);
 
-// ---- fencekv
+// ---- servers
 let bin = process.env.FENCEKV_BIN;
 if (!bin) {
   bin = join(tmp, "fencekv");
   execFileSync("go", ["build", "-o", bin, "./cmd/fencekv"], { cwd: join(here, "../.."), stdio: "inherit" });
 }
 const fport = await freePort();
-const fk = await startAndWait(bin, ["serve", "--data", join(tmp, "data"), "--listen", `127.0.0.1:${fport}`, "--http", ""], /fencekv serving/);
+await startAndWait(bin, ["serve", "--data", join(tmp, "data"), "--listen", `127.0.0.1:${fport}`, "--http", ""], /fencekv serving/);
 const c = new Client({ addrs: `127.0.0.1:${fport}` });
 await c.put("bench/get", value);
 const { token } = await c.acquire("bench/L", { ttl: "1h" });
-for (const n of [1, 16]) {
-  report("fencekv get", n, await run(n, () => c.get("bench/get")));
-  report("fencekv put (token)", n, await run(n, (i) => c.put(`bench/k${i % 1000}`, value, { token })));
-}
-await c.close();
-await stop(fk);
 
-// ---- redis
+// case name -> n -> op
+const cases = [
+  ["fencekv get", () => c.get("bench/get")],
+  ["fencekv put (token)", (i) => c.put(`bench/k${i % 1000}`, value, { token })],
+];
 const redisBin = process.env.REDIS_SERVER ?? "redis-server";
 let redisOk = true;
 try {
@@ -117,42 +110,73 @@ try {
   redisOk = false;
   console.log("redis-server missing: no comparison (install with apt-get install redis-server)");
 }
+const redisClients = [];
 if (redisOk) {
   const { createClient } = await import("redis");
-  const rport = await freePort();
-  const rs = await startAndWait(redisBin, ["--port", String(rport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no", "--dir", tmp], /Ready to accept connections/);
-  const r = createClient({ url: `redis://127.0.0.1:${rport}` });
-  r.on("error", () => {});
-  await r.connect();
+  const start = async (extra) => {
+    const port = await freePort();
+    await startAndWait(redisBin, ["--port", String(port), "--bind", "127.0.0.1", "--save", "", "--dir", tmp, ...extra], /Ready to accept connections/);
+    const r = createClient({ url: `redis://127.0.0.1:${port}` });
+    r.on("error", () => {});
+    await r.connect();
+    redisClients.push(r);
+    return r;
+  };
+  const r = await start(["--appendonly", "no"]);
+  // Durable writes, as fencekv's are (fdatasync before the answer).
+  const ra = await start(["--appendonly", "yes", "--appendfsync", "always", "--appendfilename", "bench.aof"]);
   await r.set("bench/get", value);
   // The fence rule of fencekv's put with a token, as a script.
   const fence = `local f = tonumber(redis.call('HGET', KEYS[1], 'fence') or '0')
 if tonumber(ARGV[1]) < f then return redis.error_reply('stale_token') end
 redis.call('HSET', KEYS[1], 'fence', ARGV[1], 'value', ARGV[2]) return f`;
   const sha = await r.scriptLoad(fence);
+  cases.push(
+    ["redis GET", () => r.get("bench/get")],
+    ["redis SET", (i) => r.set(`bench/k${i % 1000}`, value)],
+    ["redis EVALSHA fence+HSET", (i) => r.evalSha(sha, { keys: [`bench/f${i % 1000}`], arguments: [String(token), value.toString()] })],
+    ["redis SET (appendfsync always)", (i) => ra.set(`bench/k${i % 1000}`, value)],
+  );
+}
+
+// Rounds: every case once per round, so that the ratios compare runs made
+// at nearly the same time on a machine whose load varies.
+const results = new Map(); // `${name}/${n}` -> [{rate, us}] per round
+for (let round = 0; round < rounds; round++) {
   for (const n of [1, 16]) {
-    report("redis GET", n, await run(n, () => r.get("bench/get")));
-    report("redis SET", n, await run(n, (i) => r.set(`bench/k${i % 1000}`, value)));
-    report("redis EVALSHA fence+HSET", n, await run(n, (i) => r.evalSha(sha, { keys: [`bench/f${i % 1000}`], arguments: [String(token), value.toString()] })));
-  }
-  await r.quit();
-  await stop(rs);
-  // Durable writes, as fencekv's are (fdatasync before the answer).
-  const aport = await freePort();
-  const as = await startAndWait(redisBin, ["--port", String(aport), "--bind", "127.0.0.1", "--save", "", "--appendonly", "yes", "--appendfsync", "always", "--dir", tmp], /Ready to accept connections/);
-  const ra = createClient({ url: `redis://127.0.0.1:${aport}` });
-  ra.on("error", () => {});
-  await ra.connect();
-  for (const n of [1, 16]) report("redis SET (appendfsync always)", n, await run(n, (i) => ra.set(`bench/k${i % 1000}`, value)));
-  await ra.quit();
-  await stop(as);
-  const get = (name, n) => rows.find((x) => x.name === name && x.n === n);
-  console.log("\nper-call cost, fencekv / redis (1.0 = the same; below 1 = fencekv cheaper):");
-  for (const n of [1, 16]) {
-    const g = get("fencekv get", n).us / get("redis GET", n).us;
-    const p = get("fencekv put (token)", n).us / get("redis SET", n).us;
-    const pf = get("fencekv put (token)", n).us / get("redis EVALSHA fence+HSET", n).us;
-    const pd = get("fencekv put (token)", n).us / get("redis SET (appendfsync always)", n).us;
-    console.log(`  ${String(n).padStart(2)} callers: get ${g.toFixed(2)}x   put vs SET ${p.toFixed(2)}x   put vs fence script ${pf.toFixed(2)}x   put vs durable SET ${pd.toFixed(2)}x`);
+    for (const [name, op] of cases) {
+      const r = await run(n, op);
+      const k = `${name}/${n}`;
+      if (!results.has(k)) results.set(k, []);
+      results.get(k).push(r);
+    }
   }
 }
+const median = (xs) => {
+  const s = [...xs].sort((a, b) => a - b);
+  return s[Math.floor(s.length / 2)];
+};
+console.log(`${rounds} rounds of ${secs} s per case; medians (Node ${process.version}):`);
+for (const n of [1, 16]) {
+  for (const [name] of cases) {
+    const rs = results.get(`${name}/${n}`);
+    console.log(`${name.padEnd(34)} ${String(n).padStart(2)} callers  ${Math.round(median(rs.map((r) => r.rate))).toString().padStart(7)} calls/s  ${median(rs.map((r) => r.us)).toFixed(1).padStart(7)} µs/call`);
+  }
+}
+if (redisOk) {
+  const ratio = (a, b, n) => {
+    const ra = results.get(`${a}/${n}`);
+    const rb = results.get(`${b}/${n}`);
+    return median(ra.map((x, i) => x.us / rb[i].us)).toFixed(2);
+  };
+  console.log("\nper-call cost, fencekv / redis (median of the rounds' ratios; below 1: fencekv cheaper):");
+  for (const n of [1, 16]) {
+    console.log(
+      `  ${String(n).padStart(2)} callers: get ${ratio("fencekv get", "redis GET", n)}x   put vs durable SET ${ratio("fencekv put (token)", "redis SET (appendfsync always)", n)}x` +
+        `   put vs SET ${ratio("fencekv put (token)", "redis SET", n)}x   put vs fence script ${ratio("fencekv put (token)", "redis EVALSHA fence+HSET", n)}x`,
+    );
+  }
+}
+await c.close();
+for (const r of redisClients) await r.quit();
+for (const p of children) await stop(p);
