@@ -39,7 +39,17 @@ race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	FENCEKV_TEST_EVENT_LOOP=0 $(GO) test -race -count=1 -timeout 10m ./wire
 
-test: vet fmt-check race test-sql
+test: vet fmt-check race test-sql test-clients
+
+# The clients in other languages, against real servers built from this
+# tree: each suite runs where its tools are (python3 with msgpack and
+# pytest; node 20+ and npm; mvn and a JDK) and otherwise says in one line
+# what it skipped and how to install it.
+.PHONY: test-clients
+test-clients:
+	@for s in clients/python/test.sh clients/node/test.sh clients/java/test.sh; do \
+		if [ -x "$$s" ]; then echo "== $$s"; bash "$$s" || exit 1; fi; \
+	done
 
 # The SQL fence (sqlfence/) against real PostgreSQL and SQLite servers; its
 # drivers live in a module of their own (sqlfence/sqlfencetest).

@@ -103,6 +103,10 @@ export class NotIntegerError extends FencekvError {}
 export class TooLargeError extends FencekvError {}
 /** bad_request: malformed params, a missing one, one out of range. */
 export class BadRequestError extends FencekvError {}
+/** tls_required: a TLS server was sent plain bytes (in the server's error
+ * notification). A configuration error: nothing was served, so no outcome
+ * is in doubt. Connect with `tls`. */
+export class TLSRequiredError extends FencekvError {}
 /** unknown_method: the server does not know the method. */
 export class UnknownMethodError extends FencekvError {}
 /** limit_exceeded: a server limit (in flight, waiters, connections, watches). */
@@ -214,6 +218,7 @@ const classes: Record<string, Ctor> = {
   compacted: CompactedError,
   unauthenticated: UnauthenticatedError,
   permission_denied: PermissionDeniedError,
+  tls_required: TLSRequiredError,
 };
 
 /** fromWire turns the server's error map into its class (a code this client

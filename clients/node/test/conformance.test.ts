@@ -19,6 +19,7 @@ import {
   NotHolderError,
   NotIntegerError,
   PermissionDeniedError,
+  TLSRequiredError,
   StaleTokenError,
   TooLargeError,
   UnauthenticatedError,
@@ -406,7 +407,7 @@ describe("TLS and auth", () => {
       await assert.rejects(good.status(), isA(PermissionDeniedError));
       await assert.rejects(bad.get("app/x"), isA(UnauthenticatedError));
       const t0 = performance.now();
-      await assert.rejects(plain.get("app/x"), isA(ConnectionError, (e) => assert.match(e.message, /TLS|closed/)));
+      await assert.rejects(plain.get("app/x"), isA(TLSRequiredError, (e) => assert.match(e.message, /requires TLS/)));
       assert.ok(performance.now() - t0 < 3000, "not left hanging");
     } finally {
       await good.close();
