@@ -52,6 +52,7 @@ final class Link {
     private final Object writeLock = new Object();
     private final BiConsumer<String, Map<String, Object>> onNotification;
     private long nextId; // guarded by writeLock
+    private volatile boolean answered; // any message read from the server
     private volatile boolean dead;
     private volatile String why = "";
     private volatile FencekvException refusal; // the server's error notification, if any
@@ -150,6 +151,7 @@ final class Link {
         try {
             while (true) {
                 int n = in.unpackArrayHeader();
+                answered = true;
                 int type = in.unpackInt();
                 if (type == 1 && n == 4) {
                     long id = in.unpackLong();
@@ -187,7 +189,8 @@ final class Link {
                 }
             }
         } catch (EOFException e) {
-            fail("closed by the server");
+            fail(answered ? "closed by the server"
+                    : "closed by the server before any answer (does it require TLS? is it at its connection limit?)");
         } catch (IOException | RuntimeException e) {
             fail(dead ? why : "read failed: " + e);
         }
