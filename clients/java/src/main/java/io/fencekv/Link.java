@@ -188,7 +188,7 @@ final class Link {
                     for (int i = 1; i < n; i++) in.skipValue();
                 }
             }
-        } catch (EOFException e) {
+        } catch (EOFException | org.msgpack.core.MessageInsufficientBufferException e) {
             fail(answered ? "closed by the server"
                     : "closed by the server before any answer (does it require TLS? is it at its connection limit?)");
         } catch (IOException | RuntimeException e) {
