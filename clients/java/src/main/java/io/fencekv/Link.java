@@ -1,0 +1,198 @@
+package io.fencekv;
+
+import java.io.BufferedInputStream;
+import java.io.BufferedOutputStream;
+import java.io.EOFException;
+import java.io.IOException;
+import java.io.OutputStream;
+import java.net.Socket;
+import java.util.ArrayList;
+import java.util.List;
+import java.util.Map;
+import java.util.concurrent.CompletableFuture;
+import java.util.concurrent.ConcurrentHashMap;
+import java.util.function.BiConsumer;
+
+import org.msgpack.core.MessagePack;
+import org.msgpack.core.MessageUnpacker;
+
+/**
+ * One connection: requests are written under a lock, and one reader thread
+ * reads every answer and completes the call waiting for its msgid. When the
+ * connection breaks (the server closed it, a read or write failed, or the
+ * client left it), the link is dead for good: every call in flight fails
+ * with a {@link ConnectionException}, its outcome unknown if it changes
+ * state, and the client never sends on it again.
+ */
+final class Link {
+    /** Thrown by send when nothing of the request was written: safe to send elsewhere. */
+    static final class NotSent extends Exception {
+        private static final long serialVersionUID = 1L;
+
+        NotSent() {
+            super(null, null, false, false);
+        }
+    }
+
+    private static final class Pending {
+        final CompletableFuture<Map<String, Object>> future;
+        final boolean effect;
+
+        Pending(CompletableFuture<Map<String, Object>> future, boolean effect) {
+            this.future = future;
+            this.effect = effect;
+        }
+    }
+
+    final String addr;
+    private final Socket socket;
+    private final OutputStream out;
+    private final MessageUnpacker in;
+    private final ConcurrentHashMap<Long, Pending> pending = new ConcurrentHashMap<>();
+    private final Object writeLock = new Object();
+    private final BiConsumer<String, Map<String, Object>> onNotification;
+    private long nextId; // guarded by writeLock
+    private volatile boolean answered; // any message read from the server
+    private volatile boolean dead;
+    private volatile String why = "";
+    private volatile FencekvException refusal; // the server's error notification, if any
+
+    Link(String addr, Socket socket, BiConsumer<String, Map<String, Object>> onNotification) throws IOException {
+        this.addr = addr;
+        this.socket = socket;
+        this.out = new BufferedOutputStream(socket.getOutputStream(), 16 * 1024);
+        this.in = MessagePack.newDefaultUnpacker(new BufferedInputStream(socket.getInputStream(), 64 * 1024));
+        this.onNotification = onNotification;
+        Thread t = new Thread(this::readLoop, "fencekv-reader " + addr);
+        t.setDaemon(true);
+        t.start();
+    }
+
+    boolean dead() {
+        return dead;
+    }
+
+    /**
+     * Sends a request (or, with future null, a notification) and returns the
+     * future its answer completes. Throws NotSent if the link was dead before
+     * any byte of it was written.
+     */
+    CompletableFuture<Map<String, Object>> send(String method, Map<String, Object> params, boolean effect) throws NotSent {
+        CompletableFuture<Map<String, Object>> f = new CompletableFuture<>();
+        synchronized (writeLock) {
+            if (dead) throw new NotSent();
+            long id;
+            do {
+                id = nextId;
+                nextId = (nextId + 1) & 0xffffffffL;
+            } while (pending.containsKey(id));
+            byte[] msg = Codec.request(id, method, params);
+            pending.put(id, new Pending(f, effect));
+            try {
+                out.write(msg);
+                out.flush();
+            } catch (IOException e) {
+                // Some of it may have been written: the outcome is unknown.
+                fail("write failed: " + e.getMessage());
+            }
+        }
+        return f;
+    }
+
+    /** Sends a notification (no answer). */
+    void notify(String method, Map<String, Object> params) throws NotSent {
+        synchronized (writeLock) {
+            if (dead) throw new NotSent();
+            try {
+                out.write(Codec.request(-1, method, params));
+                out.flush();
+            } catch (IOException e) {
+                fail("write failed: " + e.getMessage());
+            }
+        }
+    }
+
+    /** Kills the link: it is never used again; the calls in flight fail with why. */
+    void fail(String reason) {
+        List<Pending> failed = new ArrayList<>();
+        boolean first = false;
+        synchronized (pending) {
+            if (!dead) {
+                why = reason;
+                dead = true;
+                first = true;
+            }
+        }
+        try {
+            socket.close();
+        } catch (IOException ignored) {
+            // closing anyway
+        }
+        for (Long id : new ArrayList<>(pending.keySet())) {
+            Pending p = pending.remove(id);
+            if (p != null) failed.add(p);
+        }
+        for (Pending p : failed) {
+            p.future.completeExceptionally(new ConnectionException(addr, p.effect, why, refusal));
+        }
+        if (first && onNotification != null) {
+            // Tell the owner (a watch) that the connection is gone, off this thread if it is the reader.
+            Thread t = new Thread(() -> onNotification.accept("", Map.of()), "fencekv-link-closed");
+            t.setDaemon(true);
+            t.start();
+        }
+    }
+
+    String why() {
+        return why;
+    }
+
+    private void readLoop() {
+        try {
+            while (true) {
+                int n = in.unpackArrayHeader();
+                answered = true;
+                int type = in.unpackInt();
+                if (type == 1 && n == 4) {
+                    long id = in.unpackLong();
+                    Object err = Codec.unpack(in);
+                    Object res = Codec.unpack(in);
+                    Pending p = pending.remove(id);
+                    if (p == null) continue; // a call that gave up
+                    if (err instanceof Map) {
+                        @SuppressWarnings("unchecked")
+                        Map<String, Object> em = (Map<String, Object>) err;
+                        p.future.completeExceptionally(FencekvException.of(em));
+                    } else {
+                        @SuppressWarnings("unchecked")
+                        Map<String, Object> rm = res instanceof Map ? (Map<String, Object>) res : Map.of();
+                        p.future.complete(rm);
+                    }
+                } else if (type == 2 && n == 3) {
+                    Object mo = Codec.unpack(in);
+                    String method = mo instanceof byte[] ? new String((byte[]) mo, java.nio.charset.StandardCharsets.UTF_8) : String.valueOf(mo);
+                    Object ps = Codec.unpack(in);
+                    Map<String, Object> params = Map.of();
+                    if (ps instanceof List && !((List<?>) ps).isEmpty() && ((List<?>) ps).get(0) instanceof Map) {
+                        @SuppressWarnings("unchecked")
+                        Map<String, Object> m = (Map<String, Object>) ((List<?>) ps).get(0);
+                        params = m;
+                    }
+                    if ("error".equals(method)) {
+                        refusal = FencekvException.of(params);
+                        fail("the server closed the connection: " + refusal.getMessage());
+                        return;
+                    }
+                    if (onNotification != null) onNotification.accept(method, params);
+                } else {
+                    for (int i = 1; i < n; i++) in.skipValue();
+                }
+            }
+        } catch (EOFException | org.msgpack.core.MessageInsufficientBufferException e) {
+            fail(answered ? "closed by the server"
+                    : "closed by the server before any answer (does it require TLS? is it at its connection limit?)");
+        } catch (IOException | RuntimeException e) {
+            fail(dead ? why : "read failed: " + e);
+        }
+    }
+}
