@@ -78,6 +78,7 @@ public class FencekvException extends RuntimeException {
             case "compacted": return new CompactedException(msg, err);
             case "unauthenticated": return new UnauthenticatedException(msg, err);
             case "permission_denied": return new PermissionDeniedException(msg, err);
+            case "tls_required": return new TlsRequiredException(msg, err);
             default: return new FencekvException(code, msg, err);
         }
     }

@@ -133,7 +133,9 @@ final class Link {
             if (p != null) failed.add(p);
         }
         for (Pending p : failed) {
-            p.future.completeExceptionally(new ConnectionException(addr, p.effect, why, refusal));
+            // A plain client on a TLS port: nothing was served, a configuration error.
+            p.future.completeExceptionally(refusal instanceof TlsRequiredException
+                    ? refusal : new ConnectionException(addr, p.effect, why, refusal));
         }
         if (first && onNotification != null) {
             // Tell the owner (a watch) that the connection is gone, off this thread if it is the reader.

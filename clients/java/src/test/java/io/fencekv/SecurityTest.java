@@ -68,8 +68,8 @@ class SecurityTest {
                     assertThrows(UnauthenticatedException.class, () -> c.get("app/k"));
                 }
                 try (FencekvClient plain = FencekvClient.connect(s.addr())) {
-                    ConnectionException e = assertThrows(ConnectionException.class, plain::ping);
-                    assertTrue(e.getMessage().contains("does it require TLS"), e.getMessage());
+                    TlsRequiredException e = assertThrows(TlsRequiredException.class, plain::ping);
+                    assertTrue(e.getMessage().contains("requires TLS"), e.getMessage());
                 }
             }
         } finally {
