@@ -69,6 +69,12 @@ class Conn:
         self.addr = addr
         self.tls = isinstance(sock, _ssl.SSLSocket)
         self._mu = threading.Lock()  # guards pending, next_id, err
+        # OpenSSL does not allow a read and a write on one connection at
+        # once: under TLS the socket is non-blocking and every SSL call is
+        # made holding _tls (waits for readiness are made without it).
+        self._tls = threading.Lock()
+        if self.tls:
+            sock.setblocking(False)
         self._wmu = threading.Lock()  # orders whole messages on the socket
         self.pending: Dict[int, Call] = {}
         self._abandoned: Dict[int, Call] = {}  # timed-out acquires: a late grant is released
@@ -111,8 +117,19 @@ class Conn:
         try:
             with self._wmu:
                 view = memoryview(msg)
+                if not self.tls:
+                    while sent < len(msg):
+                        sent += self.sock.send(view[sent:])
                 while sent < len(msg):
-                    sent += self.sock.send(view[sent:])
+                    with self._tls:
+                        try:
+                            sent += self.sock.send(view[sent:])
+                            continue
+                        except (_ssl.SSLWantWriteError, _ssl.SSLWantReadError):
+                            pass
+                    if self.err is not None:
+                        raise ConnectionResetError("the connection failed")
+                    select.select([], [self.sock], [], 0.1)
         except (OSError, ValueError) as e:
             if sent == 0:
                 with self._mu:
@@ -182,7 +199,19 @@ class Conn:
         try:
             while True:
                 try:
-                    b = sock.recv(1 << 18)
+                    if self.tls:
+                        with self._tls:
+                            try:
+                                b = sock.recv(1 << 18)
+                            except (_ssl.SSLWantReadError, _ssl.SSLWantWriteError):
+                                b = None
+                        if b is None:
+                            if self.err is not None:
+                                return
+                            select.select([sock], [], [], 1.0)
+                            continue
+                    else:
+                        b = sock.recv(1 << 18)
                 except (OSError, ValueError) as e:
                     self.fail(e)
                     return
