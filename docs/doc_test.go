@@ -644,7 +644,7 @@ func TestTour(t *testing.T) {
 			cmd := l[2:]
 			for strings.HasSuffix(cmd, "\\") && i+1 < len(lines) {
 				i++
-				cmd = strings.TrimSuffix(cmd, "\\") + "\n" + lines[i]
+				cmd += "\n" + lines[i]
 			}
 			steps = append(steps, &step{cmd: cmd})
 		case strings.TrimSpace(l) == "" || strings.HasPrefix(l, "#"):
