@@ -345,7 +345,7 @@ func TestInteropMarshalled(t *testing.T) {
 		if p.err != nil || p.res["version"] != fencekv.Version {
 			t.Fatalf("status with params %#v = %+v", params, p)
 		}
-		if got := keys(p.res); !slices.Equal(got, []string{"applied_index", "checkpoint_us", "checkpoints", "commands", "commit_index", "commits", "data_size", "keys", "last_token", "leader", "locks", "node", "revision", "role", "sync_us", "term", "version", "waiters"}) {
+		if got := keys(p.res); !slices.Equal(got, []string{"applied_index", "checkpoint_us", "checkpoints", "commands", "commit_index", "commits", "data_size", "keys", "last_token", "leader", "locks", "node", "pid", "revision", "role", "sync_us", "term", "version", "waiters"}) {
 			t.Fatalf("status fields %v", got)
 		}
 	}

@@ -263,7 +263,7 @@ func (l *eventLoop) run() {
 // wait returns the number of events it put in events, at least one.
 func (l *eventLoop) wait(events []syscall.EpollEvent) (int, error) {
 	for yielded := 0; yielded < loopYields; yielded++ {
-		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_WAIT, uintptr(l.epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
+		r, _, errno := syscall.RawSyscall6(syscall.SYS_EPOLL_PWAIT, uintptr(l.epfd), uintptr(unsafe.Pointer(&events[0])), uintptr(len(events)), 0, 0, 0)
 		if errno != 0 && errno != syscall.EINTR {
 			return 0, errno
 		}
