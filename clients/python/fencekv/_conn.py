@@ -11,9 +11,10 @@ from typing import Any, Callable, Dict, Optional
 
 from . import _proto, errors
 
-#: How long a connection must have been idle before a call checks that the
-#: server has not closed it meanwhile (as a restarted server has).
-PROBE_IDLE = 0.1
+#: How long a connection must have been idle before a call checks, without
+#: reading, that the server has not closed it meanwhile (as a restarted
+#: server has): one select(2) call, and a peek if it is readable.
+PROBE_IDLE = 0.001
 
 _MSG_PEEK_FLAGS = socket.MSG_PEEK | getattr(socket, "MSG_DONTWAIT", 0)
 

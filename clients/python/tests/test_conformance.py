@@ -183,12 +183,14 @@ def test_C08_leader_kill_under_held_writes(fencekv_bin: str) -> None:
                                 if e.outcome_unknown:
                                     unknown.append(key)  # reported as such, not retried
                             if len(acked) == 10 and killed_at is None:
-                                leader.kill9()
+                                # Killed while the loop goes on: a write may be in flight.
+                                threading.Thread(target=leader.kill9, daemon=True).start()
                                 killed_at = len(acked)
                 except fencekv.LeaseLost:
                     continue  # acquire again: the new token must be higher
                 except fencekv.Unavailable:
                     continue
+        print(f"C08: {len(acked)} acknowledged, {len(unknown)} unknown, leases {tokens}")
         assert killed_at is not None and len(acked) >= killed_at + 15, \
             f"only {len(acked)} acknowledged writes ({len(unknown)} unknown)"
         survivors = [a for a in cluster.addrs if a != leader.addr]
