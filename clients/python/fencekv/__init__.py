@@ -12,7 +12,7 @@ See README.md and wire/PROTOCOL.md.
 from .client import Client
 from .errors import (BadRequest, ClientClosed, Compacted, CompareFailed, ConnectionLost, Error,
                      Internal, LeaseExpired, LeaseLost, LimitExceeded, LockHeld, NotHolder,
-                     NotInteger, NotLeader, PermissionDenied, ProtocolError, StaleToken,
+                     NotInteger, NotLeader, PermissionDenied, ProtocolError, StaleToken, TLSRequired,
                      Timeout, TooLarge, Unauthenticated, Unavailable, UnknownMethod)
 from .lock import Lease
 from .types import (BackupInfo, Entry, Event, Grant, LockInfo, Member, Refusal, Status,
@@ -27,6 +27,6 @@ __all__ = [
     "Event", "BackupInfo",
     "Error", "StaleToken", "NotHolder", "LeaseExpired", "LockHeld", "CompareFailed",
     "NotInteger", "TooLarge", "BadRequest", "UnknownMethod", "Unavailable", "NotLeader",
-    "LimitExceeded", "Internal", "Compacted", "Unauthenticated", "PermissionDenied",
+    "LimitExceeded", "Internal", "Compacted", "Unauthenticated", "PermissionDenied", "TLSRequired",
     "ConnectionLost", "Timeout", "LeaseLost", "ClientClosed", "ProtocolError",
 ]

@@ -239,6 +239,16 @@ class PermissionDenied(Error):
     code = "permission_denied"
 
 
+class TLSRequired(Error):
+    """A TLS server was sent plain bytes (the server's error notification).
+
+    A configuration error: nothing was served, so no outcome is in doubt.
+    Connect with ``ssl=``.
+    """
+
+    code = "tls_required"
+
+
 class ConnectionLost(Unavailable):
     """The connection broke before the answer came, or none could be made.
 
@@ -286,7 +296,7 @@ _BY_CODE: Dict[str, Type[Error]] = {
     cls.code: cls
     for cls in (StaleToken, NotHolder, LeaseExpired, LockHeld, CompareFailed, NotInteger,
                 TooLarge, BadRequest, UnknownMethod, Unavailable, NotLeader, LimitExceeded,
-                Internal, Compacted, Unauthenticated, PermissionDenied)
+                Internal, Compacted, Unauthenticated, PermissionDenied, TLSRequired)
 }
 
 
