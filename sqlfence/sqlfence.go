@@ -7,6 +7,8 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"strconv"
+	"strings"
 
 	"github.com/fencekv/fencekv/fence"
 )
@@ -51,6 +53,25 @@ var SQLite = &Dialect{
 ON CONFLICT (resource) DO UPDATE SET token = excluded.token WHERE fencekv_fences.token <= excluded.token
 RETURNING token`,
 	read: `SELECT token FROM fencekv_fences WHERE resource = ?`,
+}
+
+// Rebind rewrites a statement written with ? placeholders for the
+// dialect: $1, $2, ... for PostgreSQL; unchanged for SQLite.
+func (d *Dialect) Rebind(stmt string) string {
+	if d != Postgres {
+		return stmt
+	}
+	var b strings.Builder
+	n := 0
+	for _, r := range stmt {
+		if r == '?' {
+			n++
+			b.WriteString("$" + strconv.Itoa(n))
+			continue
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
 }
 
 // String returns the dialect's name.

@@ -52,3 +52,14 @@ func TestSchemasMatchLimits(t *testing.T) {
 		t.Error("postgres schema: no FK001 refusal")
 	}
 }
+
+// TestRebind: ? placeholders become $n for PostgreSQL only.
+func TestRebind(t *testing.T) {
+	const stmt = "UPDATE t SET a = ?, b = ? WHERE id = ?"
+	if got, want := Postgres.Rebind(stmt), "UPDATE t SET a = $1, b = $2 WHERE id = $3"; got != want {
+		t.Errorf("Postgres.Rebind = %q; want %q", got, want)
+	}
+	if got := SQLite.Rebind(stmt); got != stmt {
+		t.Errorf("SQLite.Rebind = %q; want it unchanged", got)
+	}
+}

@@ -8,7 +8,6 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
-	"strconv"
 	"strings"
 	"syscall"
 	"testing"
@@ -29,22 +28,7 @@ type backend struct {
 }
 
 // q rewrites a statement written with ? placeholders for the backend.
-func (b backend) q(stmt string) string {
-	if b.d != sqlfence.Postgres {
-		return stmt
-	}
-	var out strings.Builder
-	n := 0
-	for _, r := range stmt {
-		if r == '?' {
-			n++
-			out.WriteString("$" + strconv.Itoa(n))
-			continue
-		}
-		out.WriteRune(r)
-	}
-	return out.String()
-}
+func (b backend) q(stmt string) string { return b.d.Rebind(stmt) }
 
 var (
 	pgBackend = backend{"postgres", sqlfence.Postgres, func(t *testing.T) *sql.DB {

@@ -49,23 +49,8 @@ func openTarget(ctx context.Context, dsn string) (*target, error) {
 	return &t, nil
 }
 
-// q rewrites ? placeholders for PostgreSQL.
-func (t *target) q(stmt string) string {
-	if t.d != sqlfence.Postgres {
-		return stmt
-	}
-	var b strings.Builder
-	n := 0
-	for _, r := range stmt {
-		if r == '?' {
-			n++
-			fmt.Fprintf(&b, "$%d", n)
-			continue
-		}
-		b.WriteRune(r)
-	}
-	return b.String()
-}
+// q rewrites ? placeholders for the dialect.
+func (t *target) q(stmt string) string { return t.d.Rebind(stmt) }
 
 func (t *target) install(ctx context.Context) error {
 	if err := t.d.Install(ctx, t.db); err != nil {
