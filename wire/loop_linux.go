@@ -674,8 +674,17 @@ func (c *conn) writerStuck() bool {
 		return true
 	}
 	since := c.raw.waiting.Load()
-	return since != 0 && time.Since(time.Unix(0, since)) > stuckAfter
+	return since != 0 && monoNanos()-since > int64(stuckAfter)
 }
+
+// monoEpoch anchors monoNanos: readings taken from it are monotonic, so a
+// step of the wall clock (NTP, an operator's date -s) cannot make a writer
+// look stuck, or a stuck one look fresh.
+var monoEpoch = time.Now()
+
+// monoNanos is the monotonic time since monoEpoch, in nanoseconds; never 0
+// once the process has run for a nanosecond.
+func monoNanos() int64 { return int64(time.Since(monoEpoch)) + 1 }
 
 // stuckAfter is how long an event loop connection's writer waits for room
 // before its client counts as not reading (writerStuck).
@@ -701,7 +710,7 @@ type rawConn struct {
 	fd            int
 	local, remote net.Addr
 	writable      chan struct{} // a token when epoll says the socket is writable, or hung up, while waiting
-	waiting       atomic.Int64  // nonzero while a writer waits for room (since when, UnixNano): epoll's writable events go to writable
+	waiting       atomic.Int64  // nonzero while a writer waits for room (since when, monoNanos): epoll's writable events go to writable
 	iov           []syscall.Iovec
 
 	mu     sync.Mutex // guards closed: Close and closeFD
@@ -797,7 +806,7 @@ func (r *rawConn) writeBatch(batch []*encoder, off int, block bool, timeout time
 		if r.waiting.Load() == 0 {
 			// From now on the loop passes writable events on; the
 			// socket may have become writable before: try again.
-			r.waiting.Store(time.Now().UnixNano())
+			r.waiting.Store(monoNanos())
 			defer r.waiting.Store(0)
 			continue
 		}
