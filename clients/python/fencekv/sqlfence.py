@@ -40,7 +40,7 @@ import sqlite3
 import threading
 from contextlib import contextmanager
 from importlib import resources
-from typing import TYPE_CHECKING, Any, Iterator, Optional
+from typing import TYPE_CHECKING, Any, Callable, Iterator, Optional
 
 from . import errors
 from .types import Bytes, Duration
@@ -213,11 +213,13 @@ def _check_postgres(conn: Any, resource: str, token: int) -> None:
     raise stale
 
 
-def _interrupter(conn: Any, d: str):  # type: ignore[no-untyped-def]
+def _interrupter(conn: Any, d: str) -> Callable[[], None]:
     """A function that stops conn's running statement, from another thread."""
     if d == "sqlite":
-        return conn.interrupt
-    return getattr(conn, "cancel_safe", None) or conn.cancel
+        f: Callable[[], None] = conn.interrupt
+        return f
+    f = getattr(conn, "cancel_safe", None) or conn.cancel
+    return f
 
 
 @contextmanager

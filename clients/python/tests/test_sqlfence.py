@@ -55,9 +55,8 @@ def db(request: pytest.FixtureRequest, tmp_path: Path) -> Iterator[Tuple[str, Op
             opened.append(c)
             return c
     else:
+        dsn = request.getfixturevalue("pg").new_db()  # skips without PostgreSQL
         import psycopg
-
-        dsn = request.getfixturevalue("pg").new_db()
 
         def open_() -> Any:
             c = psycopg.connect(dsn)
