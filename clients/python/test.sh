@@ -14,4 +14,9 @@ if [ -z "${FENCEKV_BIN:-}" ]; then
 	(cd ../.. && go build -o "$tmp/fencekv" ./cmd/fencekv)
 	export FENCEKV_BIN="$tmp/fencekv"
 fi
+# fencekv.sqlfence's PostgreSQL tests start their own server; without one
+# (or without psycopg) they are skipped, the SQLite ones still run.
+if ! python3 -c 'import psycopg' 2>/dev/null || { [ -z "${FENCEKV_PG_BIN:-}" ] && ! ls /usr/lib/postgresql/*/bin/postgres >/dev/null 2>&1; }; then
+	echo "skipped the PostgreSQL part of fencekv.sqlfence: psycopg or a PostgreSQL server missing; install with pip install 'psycopg[binary]' and apt-get install postgresql"
+fi
 exec python3 -m pytest -q -p no:cacheprovider tests

@@ -29,3 +29,4 @@ export type { WatchEvent, WatchOptions } from "./watch.js";
 export * from "./errors.js";
 export { toMs } from "./util.js";
 export type { Bytes, Duration } from "./util.js";
+export * as sqlfence from "./sqlfence.js";
