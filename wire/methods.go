@@ -141,7 +141,17 @@ var methodTable = map[string]*methodInfo{}
 // request's method is found with one load and a compare, not a map lookup.
 var methodSlots [256]*methodInfo
 
-func methodSlot[T string | []byte](name T) int {
+func methodSlot(name []byte) int {
+	n := len(name)
+	if n == 0 {
+		return 0
+	}
+	return (n + int(name[0])*2 + int(name[n/2])*7 + int(name[n-1])) & (len(methodSlots) - 1)
+}
+
+// methodSlotString is methodSlot of a name held as a string (not one
+// generic function: its instances were not inlined on the parse path).
+func methodSlotString(name string) int {
 	n := len(name)
 	if n == 0 {
 		return 0
@@ -159,7 +169,7 @@ func methodOf(name []byte) *methodInfo {
 
 // infoOf is methodOf for a name held as a string.
 func infoOf(name string) *methodInfo {
-	if info := methodSlots[methodSlot(name)]; info != nil && info.name == name {
+	if info := methodSlots[methodSlotString(name)]; info != nil && info.name == name {
 		return info
 	}
 	return methodTable[name]
@@ -186,7 +196,7 @@ func init() {
 	for n, spec := range methodSpecs {
 		info := &methodInfo{name: n, methodSpec: spec}
 		methodTable[n] = info
-		if slot := &methodSlots[methodSlot(n)]; *slot == nil {
+		if slot := &methodSlots[methodSlotString(n)]; *slot == nil {
 			*slot = info
 		}
 	}
