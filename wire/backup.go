@@ -56,20 +56,19 @@ func (cb *connBackup) closeLocked() {
 
 var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
-// connMethod returns the methods that work on the connection's own state.
-func (c *conn) connMethod(name string) (method, bool) {
-	switch name {
-	case "backup":
-		return func(ctx context.Context, eng Engine, _ *args, e *encoder) error { return c.backup(ctx, eng, e) }, true
-	case "backup_read":
-		return func(_ context.Context, _ Engine, a *args, e *encoder) error { return c.backupRead(a, e) }, true
-	case "forwarding":
-		return func(_ context.Context, _ Engine, _ *args, e *encoder) error {
-			e.EncodeMapLen(0) // serveRequest has marked the connection
-			return nil
-		}, true
-	}
-	return nil, false
+// backupMethod, backupReadMethod and forwardingMethod are the
+// connection's own methods (methods.go).
+func (c *conn) backupMethod(ctx context.Context, eng Engine, _ *args, e *encoder) error {
+	return c.backup(ctx, eng, e)
+}
+
+func (c *conn) backupReadMethod(_ context.Context, _ Engine, a *args, e *encoder) error {
+	return c.backupRead(a, e)
+}
+
+func (c *conn) forwardingMethod(_ context.Context, _ Engine, _ *args, e *encoder) error {
+	e.EncodeMapLen(0) // serveRequest has marked the connection
+	return nil
 }
 
 func (c *conn) backup(ctx context.Context, eng Engine, e *encoder) error {

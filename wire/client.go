@@ -462,20 +462,10 @@ func (cn *link) forwarding(context.Context) error {
 	return err
 }
 
-// reads are the methods that change nothing: their outcome is never in
-// doubt.
-func reads(method string) bool {
-	switch method {
-	case "ping", "get", "scan", "lock_info", "locks", "status", "members", "term", "refusals":
-		return true
-	}
-	return false
-}
-
 // send sends a call on the current connection, or on a new one if that one
 // is broken, and returns the connection to wait on.
 func (c *Client) send(ctx context.Context, method string, write func(params) error, p *call) (*link, uint32, error) {
-	p.effect = !reads(method)
+	p.effect = !safeToResend(method) // methods.go
 	for {
 		cn, err := c.conn(ctx)
 		if err != nil {

@@ -84,13 +84,6 @@ func (c *Client) Members(ctx context.Context) ([]fencekv.Member, error) {
 	return ms, err
 }
 
-func b2i(b bool) int {
-	if b {
-		return 1
-	}
-	return 0
-}
-
 // Refusals lists the fenced writes the server refused after sequence
 // number since (0: from the oldest it keeps), up to limit (0: the
 // default), and the latest sequence number.

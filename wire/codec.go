@@ -138,39 +138,6 @@ func rawString(dec *msgpack.Decoder, r *bytes.Reader, b []byte) ([]byte, error) 
 	return b[at : at+n : at+n], nil
 }
 
-// methodInfo is what the server knows of a method: parsing a request
-// finds it once, by the method's name, for everything that depends on it.
-type methodInfo struct {
-	name     string  // the name, so that a request's method is not allocated
-	call     method  // nil for the connection's own methods (connMethod)
-	readOnly bool    // served by the connection's reader itself (readOnly)
-	start    starter // started on the event loop (starters), or nil
-}
-
-// methodTable holds every method the server knows, by name.
-var methodTable = map[string]*methodInfo{}
-
-// methodSlots holds the methods again, each at the slot methodSlot gives
-// its name unless another took it first (TestMethodSlots: none does): a
-// request's method is found with one load and a compare, not a map lookup.
-var methodSlots [256]*methodInfo
-
-func methodSlot(name []byte) int {
-	n := len(name)
-	if n == 0 {
-		return 0
-	}
-	return (n + int(name[0])*2 + int(name[n/2])*7 + int(name[n-1])) & (len(methodSlots) - 1)
-}
-
-// methodOf returns the method named name, or nil if the server knows none.
-func methodOf(name []byte) *methodInfo {
-	if info := methodSlots[methodSlot(name)]; info != nil && info.name == string(name) {
-		return info
-	}
-	return methodTable[string(name)]
-}
-
 // named sets m's method from its name in the frame: a known method's
 // info, and its name without an allocation.
 func (m *message) named(name []byte) {
@@ -181,20 +148,11 @@ func (m *message) named(name []byte) {
 	}
 }
 
-func init() {
-	for _, n := range []string{"watch", "unwatch", "backup", "backup_read", "forwarding"} { // the connection's own (server.go, backup.go)
-		methodTable[n] = &methodInfo{name: n}
+func b2i(b bool) int {
+	if b {
+		return 1
 	}
-	for n, call := range methods {
-		methodTable[n] = &methodInfo{name: n, call: call}
-	}
-	for n, info := range methodTable {
-		info.readOnly = readOnly[n]
-		info.start = starters[n]
-		if slot := &methodSlots[methodSlot([]byte(n))]; *slot == nil {
-			*slot = info
-		}
-	}
+	return 0
 }
 
 func badRequest(format string, args ...any) *fencekv.Error {
@@ -282,7 +240,7 @@ type args struct {
 	has                       field
 	borrowed                  bool // byte arguments are slices of the frame (fastFrame)
 
-	acquireOpts fencekv.AcquireOptions // what acquire passes the engine (methods.go)
+	acquireOpts fencekv.AcquireOptions // what acquire passes the engine (server_methods.go)
 }
 
 // size is the memory the arguments hold: their bytes (a txn's ops and
@@ -482,12 +440,14 @@ func toMs(d time.Duration) int64 {
 // encoder writes msgpack maps of results and errors.
 type encoder struct {
 	*msgpack.Encoder
-	buf bytes.Buffer
+	buf     bytes.Buffer
+	entryFn func(fencekv.Entry) // e.entry, made once (get)
 }
 
 func newEncoder() *encoder {
 	e := &encoder{}
 	e.Encoder = msgpack.NewEncoder(&e.buf)
+	e.entryFn = e.entry
 	return e
 }
 

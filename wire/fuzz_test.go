@@ -204,10 +204,11 @@ func FuzzDecode(f *testing.F) {
 				}
 				continue
 			}
-			call, ok := methods[m.method]
-			if !ok {
+			info, ok := methodTable[m.method]
+			if !ok || info.call == nil {
 				continue
 			}
+			call := info.call
 			e := newEncoder()
 			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 			err = call(ctx, db, &a, e)

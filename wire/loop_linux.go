@@ -103,14 +103,14 @@ type eventLoop struct {
 }
 
 // looped hands c to the event loop if it is one the loop serves (plain
-// TCP to a *fencekv.DB, with Config.EventLoop), starting the loop with the
+// TCP to an engine that starts writes (writeStarter), with Config.EventLoop), starting the loop with the
 // first. It returns false if c must be served by a goroutine. Called with
 // s.mu held.
 func (s *Server) looped(c *conn) bool {
 	if !s.cfg.EventLoop || s.cfg.TLS != nil || s.loopBroken {
 		return false
 	}
-	if s.db == nil {
+	if s.starts == nil {
 		return false
 	}
 	tc, ok := c.nc.(*net.TCPConn)
@@ -569,12 +569,12 @@ func (l *eventLoop) flushRound() {
 // handed counts a request of this round handed to a handler goroutine.
 func (l *eventLoop) handed() { l.gone++ }
 
-// start starts a write read this round (start.go). When no batch is
+// start starts a write read this round (server_start.go). When no batch is
 // being committed, the loop is made the leader, and commits at the end of
 // the round every write started in it.
 func (l *eventLoop) start(ctx context.Context, cmd state.Command, w fencekv.WriteOptions, then func(state.Result)) {
 	l.starts++
-	if l.s.db.StartLed(ctx, cmd, w, then) {
+	if l.s.starts.StartLed(ctx, cmd, w, then) {
 		l.leads = true
 	}
 }
@@ -598,9 +598,9 @@ func (l *eventLoop) commit() {
 	switch {
 	case !leads:
 	case reads:
-		l.s.db.PassLead()
+		l.s.starts.PassLead()
 	default:
-		l.s.db.Lead()
+		l.s.starts.Lead()
 	}
 }
 

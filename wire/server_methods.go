@@ -17,35 +17,6 @@ import (
 // error and writes nothing.
 type method func(ctx context.Context, eng Engine, a *args, e *encoder) error
 
-// readOnly are the methods the read loop serves itself: they never wait for
-// a commit or a lock, and the answers that can be large are among them
-// (scan pages, lock lists, values), so that one connection builds them one
-// at a time, each within its budget of unsent answers.
-var readOnly = map[string]bool{"ping": true, "get": true, "scan": true, "lock_info": true, "locks": true, "status": true,
-	"term": true, "backup_read": true}
-
-// methods is the protocol: one entry per method of PROTOCOL.md.
-var methods = map[string]method{
-	"ping":      ping,
-	"get":       get,
-	"put":       waited(startPut), // start.go: the same checks and results
-	"delete":    waited(startDelete),
-	"cas":       waited(startCAS),
-	"incr":      waited(startIncr),
-	"scan":      scan,
-	"acquire":   acquire,
-	"renew":     waited(startRenew),
-	"release":   waited(startRelease),
-	"lock_info": lockInfo,
-	"locks":     locks,
-	"status":    status,
-	"members":   members,
-	"term":      term,
-	"refusals":  refusals,
-	"txn":       txn,
-	"auth":      authenticate, // auth.go
-}
-
 // reads applies the read's consistency: "" or "linearizable" (the
 // default), or "stale" (a cluster node may answer from its own state).
 func (a *args) reads(ctx context.Context) (context.Context, error) {
@@ -153,12 +124,13 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fKey); err != nil {
 		return err
 	}
-	if db, ok := eng.(*fencekv.DB); ok {
+	if l, ok := eng.(*fencekv.DB); ok { // not lender: see NewServer
 		// The local store lends the value, to be encoded without a copy.
-		// Not through Engine: a callback passed through an interface
-		// escapes, an allocation per get (a cluster node's Get copies
-		// anyway, or comes from the leader).
-		return db.GetFunc(ctx, a.key, e.entry)
+		// Not through Engine: a cluster node's Get copies anyway, or
+		// comes from the leader. The callback is the encoder's own,
+		// made once: one made here would escape through the interface,
+		// an allocation per get.
+		return l.GetFunc(ctx, a.key, e.entryFn)
 	}
 	en, err := eng.Get(ctx, a.key)
 	if err != nil {
@@ -166,6 +138,12 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	}
 	e.entry(en)
 	return nil
+}
+
+// lender is an engine that lends a stored value to fn, which must not
+// keep it (a *fencekv.DB).
+type lender interface {
+	GetFunc(ctx context.Context, key []byte, fn func(fencekv.Entry)) error
 }
 
 // entry writes a get's result.

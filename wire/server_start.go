@@ -18,20 +18,21 @@ import (
 // its wake-up, is what a write costs a goroutine connection; here there is
 // none. An acquire that may wait for the lock still gets a handler.
 
+// writeStarter is an engine whose writes the event loop starts without a
+// goroutine waiting for them (a *fencekv.DB): StartLed queues a write, to
+// call then with its result once durable, and reports whether the caller
+// now leads the batch; the leader commits it (Lead) or hands it to a
+// committer goroutine (PassLead). An engine that wraps a *fencekv.DB to
+// change its writes must not pass these on.
+type writeStarter interface {
+	StartLed(ctx context.Context, c state.Command, w fencekv.WriteOptions, then func(state.Result)) bool
+	Lead()
+	PassLead()
+}
+
 // starter checks a write's arguments and returns its command and fencing,
 // and the encoder of its result map from the command's Result.
 type starter func(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, *args, state.Result), error)
-
-// starters are the methods the event loop starts.
-var starters = map[string]starter{
-	"put":     startPut,
-	"delete":  startDelete,
-	"cas":     startCAS,
-	"incr":    startIncr,
-	"acquire": startAcquire,
-	"renew":   startRenew,
-	"release": startRelease,
-}
 
 func writtenOf(r state.Result) fencekv.WriteResult {
 	return fencekv.WriteResult{Fence: r.Entry.Fence, Revision: r.Entry.Revision}
@@ -114,7 +115,7 @@ func startRelease(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, 
 // handler: c is not on the event loop, the method is not started, or it
 // is an acquire with a wait (or a bad one, which its handler refuses).
 func (c *conn) starterFor(m *message, a *args) starter {
-	if c.raw == nil || c.s.db == nil {
+	if c.raw == nil || c.s.starts == nil {
 		return nil
 	}
 	if m.info == nil {
