@@ -32,9 +32,9 @@ func TestNoWallClock(t *testing.T) {
 	server := []string{".", "cluster", "wire", "metrics", "auth"}
 	// file: selector → why it may use wall-clock numbers.
 	allowed := map[string]map[string]string{
-		"wire/methods.go": {"UnixMilli": "the refusal log's time_ms is shown to the operator"},
-		"wire/members.go": {"UnixMilli": "the client decodes refusal log times for display"},
-		"wire/link.go":    {"Unix": "a deadline in the past (1970) makes a blocked read return now"},
+		"wire/server_methods.go": {"UnixMilli": "the refusal log's time_ms is shown to the operator"},
+		"wire/client_methods.go": {"UnixMilli": "the client decodes refusal log times for display"},
+		"wire/link.go":           {"Unix": "a deadline in the past (1970) makes a blocked read return now"},
 		"cluster/logstore.go": {"UnixNano": "raft's Log.AppendedAt is metadata raft carries, never compared here",
 			"Unix": "raft's Log.AppendedAt is metadata raft carries, never compared here"},
 	}
