@@ -98,35 +98,35 @@ func TestLinearizableCluster(t *testing.T) {
 // A fault: what it does, and how it is undone.
 type linFault struct {
 	name   string
-	inject func(c *clustertest.Cluster, leader *clustertest.Node) (undo func())
+	inject func(c *clustertest.Cluster, leader *clustertest.Node, rng *rand.Rand) (undo func())
 }
 
 var linFaults = []linFault{
-	{"kill -9 the leader", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"kill -9 the leader", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		c.Kill(l)
 		return func() { c.Restart(l) }
 	}},
-	{"SIGSTOP the leader", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"SIGSTOP the leader", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		c.Pause(l)
 		return func() { c.Resume(l) }
 	}},
 	// The leader cut off from its followers while its clients still
 	// reach it: the proxies carry only raft's bytes, clients dial nodes
 	// directly.
-	{"isolate the leader", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"isolate the leader", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		c.Isolate(l)
 		return c.Heal
 	}},
-	{"kill -9 a follower", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"kill -9 a follower", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		f := c.Others(l)[0]
 		c.Kill(f)
 		return func() { c.Restart(f) }
 	}},
-	{"cut a follower off", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"cut a follower off", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		c.Isolate(c.Others(l)[1])
 		return c.Heal
 	}},
-	{"cut the leader's outbound raft", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"cut the leader's outbound raft", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		for _, o := range c.Others(l) {
 			c.Cut(l, o)
 		}
@@ -136,7 +136,7 @@ var linFaults = []linFault{
 	// other follower reaches both. The cut-off follower calls elections
 	// with ever higher terms through the bridge while the leader still has
 	// a majority through it.
-	{"bridge the leader to one follower", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"bridge the leader to one follower", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		f := c.Others(l)[0]
 		c.Cut(l, f)
 		c.Cut(f, l)
@@ -145,10 +145,10 @@ var linFaults = []linFault{
 	// A flapping link: the leader is cut off and let back in every few
 	// hundred milliseconds, so elections start and are interrupted by the
 	// old leader's heartbeats coming back.
-	{"flap the leader's links", func(c *clustertest.Cluster, l *clustertest.Node) func() {
-		return flap(c, l, 150*time.Millisecond, 400*time.Millisecond)
+	{"flap the leader's links", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
+		return flap(c, l, rng, 150*time.Millisecond, 400*time.Millisecond)
 	}},
-	{"slow every raft link", func(c *clustertest.Cluster, l *clustertest.Node) func() {
+	{"slow every raft link", func(c *clustertest.Cluster, l *clustertest.Node, rng *rand.Rand) func() {
 		for _, a := range c.Nodes {
 			for _, b := range c.Nodes {
 				if a != b {
@@ -162,11 +162,12 @@ var linFaults = []linFault{
 
 // flap isolates nd and heals it in turn, each state held for a random
 // time in [lo, hi), until the returned undo is called; undo waits for the
-// flapping to stop and leaves every link healed.
-func flap(c *clustertest.Cluster, nd *clustertest.Node, lo, hi time.Duration) (undo func()) {
+// flapping to stop and leaves every link healed. The schedule comes from
+// a generator seeded from the run's rng, so a logged seed replays it.
+func flap(c *clustertest.Cluster, nd *clustertest.Node, run *rand.Rand, lo, hi time.Duration) (undo func()) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
-	rng := rand.New(rand.NewPCG(uint64(time.Now().UnixNano()), 1))
+	rng := rand.New(rand.NewPCG(run.Uint64(), run.Uint64()))
 	go func() {
 		defer close(done)
 		cut := false
@@ -330,7 +331,7 @@ func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
 		order = order[1:]
 		leader := c.Leader(t)
 		at := r.now()
-		undo := f.inject(c, leader)
+		undo := f.inject(c, leader, rng)
 		time.Sleep(randDuration(rng, cfg.hold[0], cfg.hold[1])) // the fault lasts: the point of it
 		undo()
 		end := r.now()
