@@ -15,6 +15,10 @@ type Timer interface {
 	Stop() bool
 }
 
+// RealClock returns the system's clock, the engine's default (a nil
+// Options.Clock).
+func RealClock() Clock { return realClock{} }
+
 type realClock struct{}
 
 func (realClock) Now() time.Time { return time.Now() }

@@ -142,7 +142,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		db.log = slog.New(slog.DiscardHandler)
 	}
 	if db.clock == nil {
-		db.clock = realClock{}
+		db.clock = RealClock()
 	}
 	db.refusals = NewRefusalLog(o.MaxRefusals, db.log)
 	m.LogUpgrade(db.log)

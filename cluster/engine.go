@@ -315,12 +315,12 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 		}
 		return fencekv.Lease{Name: name, Token: w.Grant.Token, TTL: w.Grant.TTL}, nil
 	}
-	timer := time.NewTimer(ao.Wait)
+	timer := n.clock.NewTimer(ao.Wait)
 	defer timer.Stop()
 	select {
 	case <-w.Done():
 		return granted()
-	case <-timer.C:
+	case <-timer.C():
 		if !n.m.Cancel(w) {
 			<-w.Done()
 			return granted()

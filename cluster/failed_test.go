@@ -18,6 +18,13 @@ import (
 // on its client address, bootstrapped together.
 func inProcessCluster(t *testing.T, n int) []*Node {
 	t.Helper()
+	return inProcessClusterWith(t, n, nil)
+}
+
+// inProcessClusterWith is inProcessCluster with each node's config passed
+// through configure (if not nil) before it opens.
+func inProcessClusterWith(t *testing.T, n int, configure func(*Config)) []*Node {
+	t.Helper()
 	type addrs struct{ client, raft, gossip string }
 	as := make([]addrs, n)
 	for i := range as {
@@ -34,6 +41,9 @@ func inProcessCluster(t *testing.T, n int) []*Node {
 			if j != i {
 				cfg.Join = append(cfg.Join, as[j].gossip)
 			}
+		}
+		if configure != nil {
+			configure(&cfg)
 		}
 		nodes[i] = serveNode(t, cfg)
 	}

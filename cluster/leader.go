@@ -344,7 +344,7 @@ func (n *Node) release(ctx context.Context, c state.Command) (state.Result, erro
 func (n *Node) expiryLoop(ctx context.Context, term uint64) {
 	for {
 		at, ok := n.m.NextDue()
-		var t *time.Timer
+		var t fencekv.Timer
 		var fire <-chan time.Time
 		if ok {
 			d := at - n.now()
@@ -358,8 +358,8 @@ func (n *Node) expiryLoop(ctx context.Context, term uint64) {
 				}
 				continue
 			}
-			t = time.NewTimer(d)
-			fire = t.C
+			t = n.clock.NewTimer(d)
+			fire = t.C()
 		}
 		select {
 		case <-fire:

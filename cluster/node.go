@@ -46,6 +46,7 @@ type Node struct {
 	cfg   Config
 	opts  *fencekv.Options
 	log   *slog.Logger
+	clock fencekv.Clock // lease time: cfg.Engine.Clock, or the real one
 	epoch time.Time
 
 	m     *state.Machine // write side owned by raft's FSM goroutine
@@ -118,7 +119,11 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 	n.log = n.log.With("node", cfg.Name)
 	n.refusals = fencekv.NewRefusalLog(cfg.Engine.MaxRefusals, n.log)
-	n.epoch = time.Now()
+	n.clock = cfg.Engine.Clock
+	if n.clock == nil {
+		n.clock = fencekv.RealClock()
+	}
+	n.epoch = n.clock.Now()
 	var closers []io.Closer
 	defer func() {
 		if err != nil {
@@ -525,6 +530,6 @@ func (n *Node) voters() int {
 
 // now is the node's monotonic time, which it stamps on the commands it
 // proposes as leader.
-func (n *Node) now() time.Duration { return time.Since(n.epoch) }
+func (n *Node) now() time.Duration { return n.clock.Now().Sub(n.epoch) }
 
 var errClosed = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: "the node is shutting down"}
