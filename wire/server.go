@@ -122,8 +122,8 @@ var ErrServerClosed = errors.New("wire: server closed")
 // Server serves the MessagePack-RPC protocol over TCP.
 type Server struct {
 	eng Engine
-	// starts is eng, if it starts writes for the event loop (a
-	// *fencekv.DB: server_start.go).
+	// starts is eng, if it starts writes for the event loop itself (a
+	// *fencekv.DB, not a type embedding one: server_start.go).
 	starts writeStarter
 	cfg    Config
 	log    *slog.Logger
@@ -173,12 +173,8 @@ func NewServer(eng Engine, cfg Config) (*Server, error) {
 	if s.log == nil {
 		s.log = slog.New(slog.DiscardHandler)
 	}
-	// Only the store itself, not an engine that embeds one (a wrapper
-	// that changes its writes would be bypassed): an interface check
-	// would find the embedded DB's methods (TestForwardingMarksConnection,
-	// TestWithLock's stuck renew).
-	if db, ok := eng.(*fencekv.DB); ok {
-		s.starts = db
+	if ws, ok := eng.(writeStarter); ok && isDirect(ws, eng) {
+		s.starts = ws
 	}
 	s.base, s.cancel = context.WithCancel(context.Background())
 	return s, nil

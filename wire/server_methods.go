@@ -124,7 +124,7 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fKey); err != nil {
 		return err
 	}
-	if l, ok := eng.(*fencekv.DB); ok { // not lender: see NewServer
+	if l, ok := eng.(lender); ok && isDirect(l, eng) {
 		// The local store lends the value, to be encoded without a copy.
 		// Not through Engine: a cluster node's Get copies anyway, or
 		// comes from the leader. The callback is the encoder's own,
@@ -144,6 +144,7 @@ func get(ctx context.Context, eng Engine, a *args, e *encoder) error {
 // keep it (a *fencekv.DB).
 type lender interface {
 	GetFunc(ctx context.Context, key []byte, fn func(fencekv.Entry)) error
+	directer
 }
 
 // entry writes a get's result.

@@ -28,7 +28,21 @@ type writeStarter interface {
 	StartLed(ctx context.Context, c state.Command, w fencekv.WriteOptions, then func(state.Result)) bool
 	Lead()
 	PassLead()
+	directer
 }
+
+// directer is an engine with paths that bypass its Engine methods
+// (writeStarter, lender). Direct returns the engine those paths belong to:
+// the engine itself for a *fencekv.DB; for a type that embeds one, the
+// embedded DB, which inherits the paths but not the wrapper's changes
+// (TestForwardingMarksConnection, TestWithLock's stuck renew).
+type directer interface {
+	Direct() any
+}
+
+// isDirect reports whether d's direct paths are eng's own, not those of
+// an engine eng embeds.
+func isDirect(d directer, eng Engine) bool { return d.Direct() == any(eng) }
 
 // starter checks a write's arguments and returns its command and fencing,
 // and the encoder of its result map from the command's Result.
@@ -198,3 +212,9 @@ func (s *started) done(code fencekv.Code) {
 	}
 	s.c.handlers.Done()
 }
+
+// The store's direct paths, checked at compile time.
+var (
+	_ writeStarter = (*fencekv.DB)(nil)
+	_ lender       = (*fencekv.DB)(nil)
+)
