@@ -197,6 +197,12 @@ func (db *DB) commitNext() {
 	// are written.
 	clear(db.batch)
 
+	if len(async) > 0 {
+		// Still the leader: Close, which waits for the lead to end
+		// before it waits for answering, cannot have begun waiting.
+		db.answering.Add(1)
+		defer db.answering.Done()
+	}
 	db.qmu.Lock()
 	if len(db.pending) == 0 {
 		db.leading = false
@@ -255,6 +261,13 @@ func (db *DB) StartLed(ctx context.Context, c state.Command, w WriteOptions, the
 	return db.start(ctx, c, w, then)
 }
 
+// Direct returns db itself. A server asks an engine for it before taking
+// the store's direct paths (StartLed, GetFunc), which bypass the Engine
+// methods: a type that embeds a *DB to change what those methods do
+// inherits Direct too, but answers with the embedded DB, not itself, so
+// the server knows to call the wrapper's own methods instead.
+func (db *DB) Direct() any { return db }
+
 // Lead commits a batch of the queued writes on the calling goroutine, as
 // the leader StartLed made it, answers the batch's started writes (their
 // callbacks run here), and passes the lead on: to a committer goroutine if
@@ -311,7 +324,8 @@ func (db *DB) kickCommitter() {
 	select {
 	case db.commit <- struct{}{}:
 	default:
-		go db.committer()
+		// A leader is kicking, so Close has not begun waiting for db.wg.
+		db.wg.Go(db.committer)
 	}
 }
 

@@ -42,8 +42,9 @@ type DB struct {
 	leading bool       // a goroutine is the leader: it alone applies batches
 	closed  bool
 
-	stop chan struct{} // closed by Close: stops the expiry loop
-	wg   sync.WaitGroup
+	stop      chan struct{}  // closed by Close: stops the expiry loop and idle committers
+	wg        sync.WaitGroup // the expiry loop and the committers, awaited by Close
+	answering sync.WaitGroup // leaders answering their batch's started writes, awaited by Close
 
 	wal *wal.Log // the write-ahead log; used only by the leader (and Open, Close)
 
@@ -194,6 +195,7 @@ func (db *DB) Close() error {
 			db.qidle.Wait()
 		}
 		db.qmu.Unlock()
+		db.answering.Wait() // the last leader's callbacks
 		db.drainWaiters()
 		db.m.CloseWatch()
 		close(db.stop)

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -161,4 +162,42 @@ func TestStartMixedWithWaiting(t *testing.T) {
 		t.Fatal(err)
 	}
 	answered.Wait()
+}
+
+// TestCloseAwaitsCallbacks: Close returns only once every started
+// write's callback has returned, the last batch's too (its leader answers
+// them after it gave up the lead, which is what Close waited for). It
+// used to return while the last leader still ran them.
+func TestCloseAwaitsCallbacks(t *testing.T) {
+	db := openTest(t, nil)
+	ctx := context.Background()
+	inside, release := make(chan struct{}), make(chan struct{})
+	var returned atomic.Bool
+	db.Start(ctx, state.Command{Op: fencekv.OpPut, Key: []byte("k"), Value: []byte("v")}, fencekv.WriteOptions{}, func(r state.Result) {
+		if r.Err != nil {
+			t.Errorf("put: %v", r.Err)
+		}
+		close(inside)
+		<-release
+		returned.Store(true)
+	})
+	<-inside
+	closed := make(chan error, 1)
+	go func() {
+		err := db.Close()
+		if !returned.Load() {
+			err = errors.Join(err, errors.New("Close returned while a callback still ran"))
+		}
+		closed <- err
+	}()
+	// A window for Close to return too early: it must not.
+	select {
+	case err := <-closed:
+		t.Fatalf("Close returned with the callback blocked: %v", err)
+	case <-time.After(200 * time.Millisecond):
+	}
+	close(release)
+	if err := <-closed; err != nil {
+		t.Fatal(err)
+	}
 }
