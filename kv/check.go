@@ -17,11 +17,6 @@ import (
 	berrors "go.etcd.io/bbolt/errors"
 )
 
-// ErrDamaged is matched (errors.Is) by the *DamagedError that Open and
-// Check return for a data file that is not a sound bbolt file of this
-// schema.
-var ErrDamaged = errors.New("kv: data file is damaged")
-
 // DamagedError reports a damaged data file: what Open or Check found wrong.
 type DamagedError struct {
 	Path     string
