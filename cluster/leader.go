@@ -24,7 +24,6 @@ import (
 
 // watchLeader follows raft's view of who leads, for the forwarder.
 func (n *Node) watchLeader(obs chan raft.Observation) {
-	defer n.wg.Done()
 	for {
 		select {
 		case <-n.stop:
@@ -47,7 +46,6 @@ func (n *Node) watchLeader(obs chan raft.Observation) {
 
 // watchLeadership follows raft's leadership notifications.
 func (n *Node) watchLeadership() {
-	defer n.wg.Done()
 	var stopLeading func()
 	defer func() {
 		if stopLeading != nil {
@@ -153,11 +151,7 @@ func (n *Node) lead(ctx context.Context) {
 func (n *Node) machineFailed(err error) {
 	n.log.Error("the state machine failed: this node hands over the leadership and takes no part but forwarding until restarted", "err", err)
 	n.setLeadership(false, 0)
-	n.wg.Add(1)
-	go func() {
-		defer n.wg.Done()
-		n.abdicate(context.Background())
-	}()
+	n.wg.Go(func() { n.abdicate(context.Background()) })
 }
 
 // abdicate transfers the leadership away while this node holds it.

@@ -172,16 +172,13 @@ func (n *Node) startGossip() error {
 		return fmt.Errorf("cluster: gossip: %w", err)
 	}
 	if len(n.cfg.Join) > 0 {
-		n.wg.Add(1)
-		go n.joinLoop()
+		n.wg.Go(n.joinLoop)
 	}
 	if !hasState && n.cfg.BootstrapExpect > 0 {
-		n.wg.Add(1)
-		go n.bootstrapLoop()
+		n.wg.Go(n.bootstrapLoop)
 	}
 	if !hasState {
-		n.wg.Add(1)
-		go n.advertiseState()
+		n.wg.Go(n.advertiseState)
 	}
 	return nil
 }
@@ -191,7 +188,6 @@ func (n *Node) startGossip() error {
 // node that lost its data dir takes the cluster for a new one, and
 // bootstraps another, because the members it sees all say they have none.
 func (n *Node) advertiseState() {
-	defer n.wg.Done()
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	for {
@@ -236,7 +232,6 @@ var (
 
 // joinLoop joins the listed members, retrying until one answers.
 func (n *Node) joinLoop() {
-	defer n.wg.Done()
 	backoff := 100 * time.Millisecond
 	began, warned := time.Now(), time.Time{}
 	for {
@@ -266,7 +261,6 @@ func (n *Node) joinLoop() {
 // bootstrapLoop bootstraps the raft configuration once BootstrapExpect
 // servers, none of them with state, see each other.
 func (n *Node) bootstrapLoop() {
-	defer n.wg.Done()
 	if len(n.cfg.Join) > 0 {
 		// Not before the members listed answer: on its own, a node
 		// sees only itself, and one that lost its data dir would

@@ -159,8 +159,7 @@ func Open(cfg Config) (n *Node, err error) {
 	n.reads.n = n
 	n.fwd.n = n
 	n.props = newProposer(n)
-	n.wg.Add(1)
-	go n.props.run()
+	n.wg.Go(n.props.run)
 	stop := n.stop
 	closers = append(closers, closerFunc(func() error { close(stop); return nil }))
 	if err := n.startGossip(); err != nil {
@@ -172,9 +171,8 @@ func Open(cfg Config) (n *Node, err error) {
 		return ok
 	})
 	n.raft.RegisterObserver(n.observer)
-	n.wg.Add(2)
-	go n.watchLeadership()
-	go n.watchLeader(obs)
+	n.wg.Go(n.watchLeadership)
+	n.wg.Go(func() { n.watchLeader(obs) })
 	return n, nil
 }
 

@@ -85,7 +85,6 @@ func (p *proposer) applyGroup(cmds ...state.Command) ([]state.Result, error) {
 // run sends the queued commands to raft until the node stops. It runs in
 // n.wg.
 func (p *proposer) run() {
-	defer p.n.wg.Done()
 	for {
 		select {
 		case <-p.wake:
@@ -118,12 +117,10 @@ func (p *proposer) run() {
 				cmds[i].Now = now
 			}
 			f := p.n.raft.Apply(state.EncodeBatch(cmds), p.n.cfg.HoldTimeout)
-			p.n.wg.Add(1) // safe: this goroutine holds a count
-			go func() {
-				defer p.n.wg.Done()
+			p.n.wg.Go(func() { // safe while Close waits: this goroutine holds a count
 				defer func() { <-p.slots }()
 				finish(f, batch)
-			}()
+			})
 		}
 	}
 }

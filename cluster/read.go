@@ -72,8 +72,7 @@ func (v *verifier) verify(ctx context.Context) (uint64, error) {
 	v.waiting = append(v.waiting, ch)
 	if !v.running {
 		v.running = true
-		v.n.wg.Add(1)
-		go v.run()
+		v.n.wg.Go(v.run)
 	}
 	v.mu.Unlock()
 	// A round waits for each voter's ask in flight before it asks again
@@ -93,7 +92,6 @@ func (v *verifier) verify(ctx context.Context) (uint64, error) {
 }
 
 func (v *verifier) run() {
-	defer v.n.wg.Done()
 	for {
 		v.mu.Lock()
 		batch := v.waiting
@@ -201,7 +199,7 @@ func (v *verifier) send(id raft.ServerID, term uint64, answers chan<- error) {
 	}
 	p.busy = true
 	v.mu.Unlock()
-	go v.asks(id, p, term, answers)
+	v.n.wg.Go(func() { v.asks(id, p, term, answers) })
 }
 
 // asks asks voter id, then the round waiting for the next ask, if any,

@@ -55,6 +55,7 @@ type voteGuard struct {
 	*raft.NetworkTransport
 	out    chan raft.RPC
 	stop   chan struct{}
+	ended  chan struct{}  // closed when run returns: Close waits for it
 	header raft.RPCHeader // this node's, on its refusals
 	log    *slog.Logger
 	// caughtUp reports whether the log holds the entry at index commit
@@ -74,7 +75,7 @@ type voteGuard struct {
 
 func newVoteGuard(t *raft.NetworkTransport, fresh bool, header raft.RPCHeader, log *slog.Logger,
 	caughtUp func(term, commit uint64) bool, current func() uint64, done func()) *voteGuard {
-	return &voteGuard{NetworkTransport: t, out: make(chan raft.RPC), stop: make(chan struct{}), header: header, log: log,
+	return &voteGuard{NetworkTransport: t, out: make(chan raft.RPC), stop: make(chan struct{}), ended: make(chan struct{}), header: header, log: log,
 		caughtUp: caughtUp, current: current, done: done, fresh: fresh}
 }
 
@@ -84,6 +85,7 @@ func (g *voteGuard) Consumer() <-chan raft.RPC { return g.out }
 // run passes the transport's requests on to raft until Close, answering
 // the votes itself while the node is fresh.
 func (g *voteGuard) run() {
+	defer close(g.ended)
 	in := g.NetworkTransport.Consumer()
 	for {
 		var rpc raft.RPC
@@ -196,5 +198,6 @@ func (g *voteGuard) Close() error {
 	default:
 		close(g.stop)
 	}
+	<-g.ended
 	return g.NetworkTransport.Close()
 }

@@ -16,12 +16,13 @@ type eventLoop struct{}
 
 type rawConn struct{}
 
-func (s *Server) looped(*conn) bool { return false }
-func (l *eventLoop) resume(*conn)   {}
-func (l *eventLoop) stop(*conn)     {}
-func (l *eventLoop) close()         {}
-func (l *eventLoop) handed()        {}
-func (l *eventLoop) later(*conn)    {}
+func (s *Server) looped(*conn) bool        { return false }
+func (l *eventLoop) resume(*conn)          {}
+func (l *eventLoop) stop(*conn)            {}
+func (l *eventLoop) close()                {}
+func (l *eventLoop) done() <-chan struct{} { return nil }
+func (l *eventLoop) handed()               {}
+func (l *eventLoop) later(*conn)           {}
 func (l *eventLoop) start(context.Context, state.Command, fencekv.WriteOptions, func(state.Result)) {
 }
 func (c *conn) flushRaw([]*encoder, int, bool) {}

@@ -368,14 +368,19 @@ func (s *Server) Shutdown(ctx context.Context) error {
 	for c := range s.conns {
 		c.stopReading()
 	}
+	var loopDone <-chan struct{}
 	if s.loop != nil {
 		s.loop.close()
+		loopDone = s.loop.done()
 	}
 	s.mu.Unlock()
 	s.cancel()
 	done := make(chan struct{})
 	go func() {
 		s.connWG.Wait()
+		if loopDone != nil {
+			<-loopDone // it ends once its last connection is removed
+		}
 		close(done)
 	}()
 	select {
