@@ -66,7 +66,8 @@ type Machine struct {
 	// order (watch.go); events holds the open batch's.
 	sink   func([]Event) (kept bool)
 	events []Event
-	hub    *hub // watchers and the history window; nil until EnableWatch
+	hub    *hub     // watchers and the history window; nil until EnableWatch
+	hist   *durable // the data file's watch history (history.go); nil until EnableWatch
 
 	gmu    sync.Mutex        // guards grants and order (the refusal log reads them)
 	grants map[Token]grantee // the latest grants: token -> lock and holder
