@@ -3,6 +3,7 @@ package kv
 import (
 	"encoding/binary"
 	"errors"
+	"slices"
 )
 
 // The watch history: the events of the latest revisions, kept in the
@@ -63,9 +64,19 @@ func (t *Tx) DeleteHistory(below uint64) error {
 	if b == nil {
 		return nil
 	}
+	// The keys first, then the deletes: a cursor's First after each
+	// delete walks again over the leaves emptied so far (bbolt rebalances
+	// them only at commit), which made a chunk of k deletes cost k²/2
+	// steps; and deleting under a cursor that moves on with Next skips keys.
+	var keys [][]byte
 	c := b.Cursor()
-	for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) < below; k, _ = c.First() {
-		if err := c.Delete(); err != nil {
+	for k, _ := c.First(); k != nil && binary.BigEndian.Uint64(k) < below; k, _ = c.Next() {
+		keys = append(keys, append([]byte(nil), k...))
+	}
+	// Newest first: each delete then takes the last element of its leaf,
+	// where oldest first would shift the rest of the leaf every time.
+	for _, k := range slices.Backward(keys) {
+		if err := b.Delete(k); err != nil {
 			return err
 		}
 	}
