@@ -305,6 +305,9 @@ func (m *Machine) Publish(index uint64) {
 	if m.Failed() != nil {
 		return
 	}
+	if m.keepEvents() != nil {
+		return
+	}
 	m.store.Publish()
 	m.applied = max(m.applied, index)
 	if len(m.events) > 0 {
@@ -325,6 +328,9 @@ func (m *Machine) Checkpoint() error {
 	}
 	if err := m.store.Checkpoint(kv.Marks{Applied: m.applied, Term: m.term}); err != nil {
 		return m.fail(fmt.Errorf("fencekv: checkpoint: %w", err))
+	}
+	if m.hist != nil {
+		m.hist.committed()
 	}
 	return nil
 }

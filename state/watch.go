@@ -344,12 +344,26 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 	if m.sink == nil || r.Err != nil || r.Noop {
 		return
 	}
-	n := len(m.events)
-	m.appendEvents(tx, c, r, expired)
-	if err := m.hist.add(tx, m.events[n:]); err != nil {
-		// Not a refusal: Apply fails the machine, and the batch with it.
-		r.Err = fmt.Errorf("fencekv: keeping the watch history: %w", err)
+	m.appendEvents(tx, c, r, expired) // the data file gets them as the batch is published (keepEvents)
+}
+
+// keepEvents writes the open batch's events to the data file's history,
+// in the writer's transaction, as the batch is published: one record for
+// the batch rather than a put per command. An error fails the machine:
+// the batch is durable in the log (its callers may be answered as
+// applied), and a restart replays it, events and all.
+func (m *Machine) keepEvents() error {
+	if m.hist == nil || len(m.events) == 0 {
+		return nil
 	}
+	tx, err := m.store.Writer()
+	if err == nil {
+		err = m.hist.add(tx, m.events)
+	}
+	if err != nil {
+		return m.fail(fmt.Errorf("fencekv: keeping the watch history: %w", err))
+	}
+	return nil
 }
 
 // appendEvents adds c's events to the open batch.
