@@ -56,10 +56,11 @@ type durableGen struct {
 	last         Revision // its last event's revision
 }
 
-// maxRecord is about the most a record holds (but for a single larger
-// event): bbolt writes a node of a page from its pool, a larger one into
-// a new allocation.
-const maxRecord = 1 << 10
+// maxRecord is the most a record holds (but for a single larger event):
+// two fit a page of 4 KiB with their keys and headers. bbolt splits a
+// node into pages of at least two elements each, and writes a node of one
+// page from its pool, a larger one into a new allocation.
+const maxRecord = 2000
 
 func newDurable(history, historyBytes int, floor Revision) *durable {
 	return &durable{max: history, maxBytes: historyBytes, genMax: max(history/10, 1), genMaxBytes: max(historyBytes/10, 1), floor: floor, next: 1}
