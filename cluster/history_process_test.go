@@ -17,8 +17,8 @@ import (
 // the node one watches (it resumes on that node, from the history its
 // data file and raft log kept), and across a kill -9 of the leader the
 // other watches (it resumes on another node, from that node's history).
-// A watch from revision 1 on the old leader, restarted, replays exactly
-// what the first watch got: every node keeps the same history.
+// A watch from revision 1 on each restarted node replays exactly what
+// the first watch got: every node keeps the same history, durably.
 func TestWatchHistoryClusterRestarts(t *testing.T) {
 	if testing.Short() {
 		t.Skip("starts cluster processes")
@@ -56,6 +56,11 @@ func TestWatchHistoryClusterRestarts(t *testing.T) {
 	n := wr.Puts()
 	wr.WaitPuts(t, n+100, time.Minute)
 	c.Restart(watched)
+	// The restarted node serves the whole history, not only what its raft
+	// log replayed after the data file's last checkpoint.
+	fromOne := watchFromOne(t, ctx, watched)
+	defer fromOne.Close()
+	restartedLog := fencekvtest.CollectEvents(fromOne)
 	n = wr.Puts()
 	wr.WaitPuts(t, n+100, time.Minute)
 	c.Kill(leader) // a failover: the watch on it moves to the watched node
@@ -82,19 +87,30 @@ func TestWatchHistoryClusterRestarts(t *testing.T) {
 	if err := onLeader.Err(); err != nil {
 		t.Fatalf("the watch on the leader failed: %v", err)
 	}
+	if err := fencekvtest.SameEvents(restartedLog.UntilKey(t, "mark", time.Minute), got); err != nil {
+		t.Fatalf("a watch from revision 1 on %s, restarted: %v", watched.Name, err)
+	}
 
 	// The killed leader, restarted, catches up and replays the same.
 	c.Restart(leader)
-	var r *wire.Watcher
-	eventually(t, "a watch from revision 1 on the restarted "+leader.Name, 30*time.Second, func() (err error) {
-		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
-		defer cancel()
-		r, err = wire.Watch(wctx, []string{leader.Client}, fencekv.WatchOptions{Locks: true, StartRevision: 1})
-		return err
-	})
+	r := watchFromOne(t, ctx, leader)
 	defer r.Close()
 	if err := fencekvtest.SameEvents(fencekvtest.CollectEvents(r).UntilKey(t, "mark", time.Minute), got); err != nil {
 		t.Fatalf("a watch from revision 1 on the restarted %s: %v", leader.Name, err)
 	}
 	t.Logf("%d events, %d changes acknowledged", len(got), len(acked))
+}
+
+// watchFromOne starts a watch from revision 1 on nd alone, once it
+// answers.
+func watchFromOne(t *testing.T, ctx context.Context, nd *clustertest.Node) *wire.Watcher {
+	t.Helper()
+	var w *wire.Watcher
+	eventually(t, "a watch from revision 1 on "+nd.Name, 30*time.Second, func() (err error) {
+		wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		defer cancel()
+		w, err = wire.Watch(wctx, []string{nd.Client}, fencekv.WatchOptions{Locks: true, StartRevision: 1})
+		return err
+	})
+	return w
 }
