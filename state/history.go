@@ -20,7 +20,7 @@ import (
 // after a restart, and a raft snapshot (the data file) carries them. On
 // open the hub's window is loaded from the file.
 //
-// Cost: a batch's events are encoded into one record (of about a page at
+// Cost: a batch's events are encoded into one record (of half a page at
 // most, so that bbolt writes it from its pool of pages), one put per
 // record, into an arena of blocks reused after each checkpoint (bbolt
 // keeps a put's value until the commit). Records are grouped in
