@@ -148,21 +148,26 @@ func Open(dir string, opts *Options) (*DB, error) {
 	db.refusals = NewRefusalLog(o.MaxRefusals, db.log)
 	m.LogUpgrade(db.log)
 	db.epoch = db.clock.Now()
-	if err := db.replay(recs); err != nil {
-		m.Close()
-		log.Close()
-		return nil, fmt.Errorf("fencekv: open: %w", err)
-	}
-	db.lastCkpt = time.Now()
+	// The watch history (kept in the data file) before the replay: the
+	// replayed commands' events are recorded as they are applied again,
+	// once, after those the file kept.
 	if err := m.EnableWatch(o.WatchHistory, o.WatchHistoryBytes, o.MaxWatchers); err != nil {
 		m.Close()
 		log.Close()
 		return nil, fmt.Errorf("fencekv: open: %w", err)
 	}
+	if err := db.replay(recs); err != nil {
+		m.CloseWatch()
+		m.Close()
+		log.Close()
+		return nil, fmt.Errorf("fencekv: open: %w", err)
+	}
+	db.lastCkpt = time.Now()
 	rearm := state.Command{Op: state.OpRearm}
 	if tail.Torn {
 		floor, err := db.tokenFloor(logPath, tail)
 		if err != nil {
+			m.CloseWatch()
 			m.Close()
 			log.Close()
 			return nil, fmt.Errorf("fencekv: open: %w", err)

@@ -173,7 +173,7 @@ func checkSchema(tx *bolt.Tx, rep *Report, p *problems) error {
 		}
 	}
 	_ = tx.ForEach(func(name []byte, _ *bolt.Bucket) error {
-		if !slices.ContainsFunc(buckets, func(b []byte) bool { return bytes.Equal(b, name) }) {
+		if !slices.ContainsFunc(buckets, func(b []byte) bool { return bytes.Equal(b, name) }) && !bytes.Equal(name, bucketHistory) {
 			p.addf("unexpected bucket %q", name)
 		}
 		return nil

@@ -66,7 +66,8 @@ type Machine struct {
 	// order (watch.go); events holds the open batch's.
 	sink   func([]Event) (kept bool)
 	events []Event
-	hub    *hub // watchers and the history window; nil until EnableWatch
+	hub    *hub     // watchers and the history window; nil until EnableWatch
+	hist   *durable // the data file's watch history (history.go); nil until EnableWatch
 
 	gmu    sync.Mutex        // guards grants and order (the refusal log reads them)
 	grants map[Token]grantee // the latest grants: token -> lock and holder
@@ -304,6 +305,9 @@ func (m *Machine) Publish(index uint64) {
 	if m.Failed() != nil {
 		return
 	}
+	if m.keepEvents() != nil {
+		return
+	}
 	m.store.Publish()
 	m.applied = max(m.applied, index)
 	if len(m.events) > 0 {
@@ -324,6 +328,9 @@ func (m *Machine) Checkpoint() error {
 	}
 	if err := m.store.Checkpoint(kv.Marks{Applied: m.applied, Term: m.term}); err != nil {
 		return m.fail(fmt.Errorf("fencekv: checkpoint: %w", err))
+	}
+	if m.hist != nil {
+		m.hist.committed()
 	}
 	return nil
 }

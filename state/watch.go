@@ -309,6 +309,19 @@ func (h *hub) watch(o WatchOptions) (*Watcher, error) {
 	return w, nil
 }
 
+// load fills the history with es, oldest first (the data file's, as
+// the hub starts), as publish would; rev is the store's revision.
+func (h *hub) load(es []Event, rev Revision) {
+	for len(es) > 0 {
+		n := min(len(es), 1024)
+		h.publish(es[:n])
+		es = es[n:]
+	}
+	h.mu.Lock()
+	h.lastRev = rev
+	h.mu.Unlock()
+}
+
 // close ends every watcher and the dispatcher.
 func (h *hub) close() {
 	h.mu.Lock()
@@ -331,6 +344,30 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 	if m.sink == nil || r.Err != nil || r.Noop {
 		return
 	}
+	m.appendEvents(tx, c, r, expired) // the data file gets them as the batch is published (keepEvents)
+}
+
+// keepEvents writes the open batch's events to the data file's history,
+// in the writer's transaction, as the batch is published: one record for
+// the batch rather than a put per command. An error fails the machine:
+// the batch is durable in the log (its callers may be answered as
+// applied), and a restart replays it, events and all.
+func (m *Machine) keepEvents() error {
+	if m.hist == nil || len(m.events) == 0 {
+		return nil
+	}
+	tx, err := m.store.Writer()
+	if err == nil {
+		err = m.hist.add(tx, m.events)
+	}
+	if err != nil {
+		return m.fail(fmt.Errorf("fencekv: keeping the watch history: %w", err))
+	}
+	return nil
+}
+
+// appendEvents adds c's events to the open batch.
+func (m *Machine) appendEvents(tx *kv.Tx, c *Command, r *Result, expired Token) {
 	n := len(m.events)
 	defer func() {
 		// The events outlive the request: they own their bytes.
@@ -375,9 +412,11 @@ func (m *Machine) recordEvents(tx *kv.Tx, c *Command, r *Result, expired Token) 
 }
 
 // EnableWatch starts keeping the latest history events (and at most
-// about historyBytes of their keys and values) for watchers, from the
-// machine's current revision on, and serves at most maxWatchers at once.
-// Call it once, before applying.
+// about historyBytes of their keys and values) for watchers, in memory
+// and in the data file (history.go), and serves at most maxWatchers at
+// once. The window starts with the events the file kept. Call it once,
+// before applying (before a log's replay too: the replayed commands' events
+// are recorded as they are applied again).
 func (m *Machine) EnableWatch(history, historyBytes, maxWatchers int) error {
 	if historyBytes > maxWatchHistoryBytes {
 		return fmt.Errorf("fencekv: WatchHistoryBytes %d is over the limit of %d: a replay of the whole history must fit a watcher's default buffer (%d batches of about %d bytes)",
@@ -387,7 +426,13 @@ func (m *Machine) EnableWatch(history, historyBytes, maxWatchers int) error {
 	if err != nil {
 		return err
 	}
-	m.hub = newHub(history, historyBytes, maxWatchers, st.Revision+1)
+	d, es, err := m.loadHistory(history, historyBytes, st.Revision)
+	if err != nil {
+		return err
+	}
+	m.hist = d
+	m.hub = newHub(history, historyBytes, maxWatchers, d.floor)
+	m.hub.load(es, st.Revision)
 	m.sink = m.hub.publish
 	return nil
 }
@@ -400,15 +445,20 @@ func (m *Machine) Watch(o WatchOptions) (*Watcher, error) {
 	return m.hub.watch(o)
 }
 
-// resetWatch ends every watcher and starts the history over from the
-// machine's current revision: its state was replaced (Restore), so the
-// history no longer leads to it.
+// resetWatch ends every watcher and loads the history again from the
+// data file: the machine's state was replaced (Restore), and the history
+// with it (a snapshot's file carries its own).
 func (m *Machine) resetWatch() {
 	if m.hub == nil {
 		return
 	}
 	m.hub.close()
-	m.EnableWatch(len(m.hub.hist), m.hub.maxBytes, m.hub.maxW)
+	m.events = m.events[:0]
+	if err := m.EnableWatch(len(m.hub.hist), m.hub.maxBytes, m.hub.maxW); err != nil && m.Failed() == nil {
+		// The new state's history cannot be read: no watcher could be
+		// served from it, nor its events kept.
+		m.failed.Store(&err)
+	}
 }
 
 // CloseWatch ends every watcher (their Err is ErrWatchCancelled) and

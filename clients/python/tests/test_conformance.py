@@ -233,10 +233,17 @@ def test_C09_watch_resumed(server: Server) -> None:
         assert len(set(keys)) == len(keys), f"a repeat: {keys}"
         assert keys[:3] == [b"C09/2", b"C09/3", b"C09/4"]
         assert keys[-5:] == [f"C09/{i}".encode() for i in range(5, 10)]
-        # The restarted server keeps no history from before it started.
-        with pytest.raises(fencekv.Compacted) as ei:
-            c.watch("C09/", start_revision=1)
-        assert ei.value.revision > 1
+        # The history is durable: the restarted server still replays
+        # every event from the first revision on.
+        replay: List[fencekv.Event] = []
+        with c.watch("C09/", start_revision=1) as w2:
+            for ev in w2:
+                replay.append(ev)
+                if len(replay) == 12:
+                    break
+        assert [e.revision for e in replay] == sorted(e.revision for e in replay)
+        assert replay[0].revision == 1 and replay[0].key == b"C09/0"
+        assert [e.key for e in replay][-5:] == keys[-5:]
 
 
 def test_C09_watch_resumed_across_cuts(server: Server) -> None:
