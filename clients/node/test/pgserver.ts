@@ -22,7 +22,8 @@ export async function loadPg(): Promise<Pg | undefined> {
 
 /** $FENCEKV_PG_BIN, or Debian's newest /usr/lib/postgresql/N/bin. */
 export function postgresBin(): string | undefined {
-  if (process.env.FENCEKV_PG_BIN) return process.env.FENCEKV_PG_BIN;
+  const env = process.env.FENCEKV_PG_BIN;
+  if (env) return existsSync(join(env, "postgres")) ? env : undefined;
   const base = "/usr/lib/postgresql";
   if (!existsSync(base)) return undefined;
   const versions = readdirSync(base).filter((v) => /^\d+$/.test(v) && existsSync(join(base, v, "bin", "postgres")));
@@ -33,7 +34,7 @@ export function postgresBin(): string | undefined {
 /** Why the PostgreSQL tests cannot run, or undefined. */
 export async function missing(): Promise<string | undefined> {
   if (!(await loadPg())) return "the pg module is missing; install with npm install (pg is a devDependency)";
-  if (!postgresBin()) return "no PostgreSQL server; install with apt-get install postgresql";
+  if (!postgresBin()) return "no PostgreSQL server (or none at $FENCEKV_PG_BIN); install with apt-get install postgresql";
   return undefined;
 }
 
