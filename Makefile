@@ -39,7 +39,7 @@ race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	FENCEKV_TEST_EVENT_LOOP=0 $(GO) test -race -count=1 -timeout 10m ./wire
 
-test: vet fmt-check race test-sql test-clients
+test: vet fmt-check race test-sql test-clients test-examples
 
 # The clients in other languages, against real servers built from this
 # tree: each suite runs where its tools are (python3 with msgpack and
@@ -56,6 +56,17 @@ test-clients:
 .PHONY: test-sql
 test-sql:
 	bash sqlfence/sqlfencetest/test.sh
+
+# The inventory examples (examples/inventory: Go, Python, Node, Java)
+# against a real PostgreSQL and fencekv: each language whose tools are
+# here, and the Go one's own module test. Skips in one line without
+# PostgreSQL.
+.PHONY: test-examples
+test-examples:
+	bash examples/inventory/test.sh
+	@if [ -x "$$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)/postgres" ]; then \
+		cd examples/inventory/go && $(GO) test -count=1 .; \
+	else echo "skipped the Go inventory example's test: PostgreSQL missing; install with apt-get install postgresql"; fi
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
