@@ -100,6 +100,7 @@ func openLogStore(dir string, noSync bool) (*logStore, error) {
 			s.Close()
 			return nil, fmt.Errorf("cluster: raft log: %w", err)
 		}
+		l.SetFaultPoints("raftlog")
 		seg := &segment{segmentFile: f, log: l}
 		s.segs = append(s.segs, seg)
 		if err := checkSegment(f, recs, tail, i == len(files)-1, s.last()); err != nil {
@@ -380,6 +381,7 @@ func (s *logStore) segmentFor(next uint64) (*segment, error) {
 		l.Close()
 		return nil, err
 	}
+	l.SetFaultPoints("raftlog")
 	seg := &segment{segmentFile{path: path, first: next}, l}
 	s.segs = append(s.segs, seg)
 	return seg, nil
