@@ -50,6 +50,8 @@ type logStore struct {
 	failed error        // a failed write or sync: the state of the files is unknown
 	closed bool
 	buf    []byte
+
+	busy busyClock // when the running append and sync began (stall.go)
 }
 
 type segment struct {
@@ -311,6 +313,8 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 		off += wal.RecordSize(end - start)
 		start = end
 	}
+	s.busy.start()
+	defer s.busy.done()
 	if err := seg.log.Append(next, payloads...); err != nil {
 		return s.fail(err) // the records may be torn: no more appends
 	}

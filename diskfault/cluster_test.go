@@ -1,0 +1,202 @@
+package diskfault_test
+
+import (
+	"context"
+	"fmt"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/cluster/clustertest"
+)
+
+// faultCluster starts n nodes, each with its own failpoints file
+// (fps[name]).
+func faultCluster(t *testing.T, n int) (*clustertest.Cluster, map[string]string) {
+	t.Helper()
+	dir := t.TempDir()
+	fps := map[string]string{}
+	for i := range n {
+		name := fmt.Sprintf("n%d", i)
+		fps[name] = filepath.Join(dir, name+".fp")
+	}
+	c := clustertest.Start(t, failpointsBin(t), n, &clustertest.Options{
+		Env: func(name string) []string { return []string{"FENCEKV_FAILPOINTS_FILE=" + fps[name]} },
+	})
+	return c, fps
+}
+
+// history is what clients were told: the writes acknowledged, and the
+// tokens granted.
+type history struct {
+	mu     sync.Mutex
+	acked  map[string]string
+	tokens map[fencekv.Token]string // token -> lock it was granted for
+	dupes  []string
+}
+
+// load runs a writer per node, through that node (a follower forwards to
+// the leader), each putting its own keys and taking its own locks, until
+// stop is closed.
+func load(t *testing.T, c *clustertest.Cluster, h *history, stop <-chan struct{}) *sync.WaitGroup {
+	var wg sync.WaitGroup
+	for wi, nd := range c.Nodes {
+		cl := c.Dial(t, nd)
+		wg.Go(func() {
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				k, v := fmt.Sprintf("w%d-%04d", wi, i), fmt.Sprintf("v%d", i)
+				cx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+				_, err := cl.Put(cx, []byte(k), []byte(v), fencekv.WriteOptions{})
+				if err == nil {
+					h.mu.Lock()
+					h.acked[k] = v
+					h.mu.Unlock()
+				}
+				name := fmt.Sprintf("lock-w%d-%04d", wi, i)
+				l, err := cl.Acquire(cx, name, time.Minute, nil)
+				cancel()
+				if err == nil {
+					h.mu.Lock()
+					if prev, ok := h.tokens[l.Token]; ok {
+						h.dupes = append(h.dupes, fmt.Sprintf("token %d granted for %s and %s", l.Token, prev, name))
+					}
+					h.tokens[l.Token] = name
+					h.mu.Unlock()
+				}
+				if err != nil {
+					time.Sleep(10 * time.Millisecond) // no leader: do not spin
+				}
+			}
+		})
+	}
+	return &wg
+}
+
+// check reads every acknowledged write back through nd and checks that
+// no token was granted twice.
+func (h *history) check(t *testing.T, c *clustertest.Cluster) {
+	t.Helper()
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	for _, d := range h.dupes {
+		t.Error(d)
+	}
+	var nd *clustertest.Node
+	for _, n := range c.Nodes {
+		if n.Running() {
+			nd = n
+			break
+		}
+	}
+	cl := c.Dial(t, nd)
+	for k, v := range h.acked {
+		e, err := cl.Get(ctx(t), []byte(k))
+		if err != nil || string(e.Value) != v {
+			t.Errorf("acknowledged %s=%s reads %q, %v", k, v, e.Value, err)
+		}
+	}
+	for tok, name := range h.tokens {
+		in, err := cl.LockInfo(ctx(t), name)
+		if err != nil || in.Token != tok {
+			t.Errorf("lock %s was granted with token %d; it reads %+v, %v", name, tok, in, err)
+		}
+	}
+	t.Logf("history: %d writes and %d grants acknowledged, all read back", len(h.acked), len(h.tokens))
+	if len(h.acked) == 0 || len(h.tokens) == 0 {
+		t.Errorf("the history is empty: %d writes, %d grants acknowledged", len(h.acked), len(h.tokens))
+	}
+}
+
+// TestLeaderRaftLogStall: the leader's raft log fsync hangs for 4s, eight
+// election timeouts. A new leader must take over while it hangs; once its
+// disk returns, the old leader acknowledges nothing that was not
+// committed (every acknowledged write reads back, no token is granted
+// twice), and it rejoins as a follower.
+func TestLeaderRaftLogStall(t *testing.T) {
+	c, fps := faultCluster(t, 3)
+	old := c.Leader(t)
+	st0, err := c.Status(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &history{acked: map[string]string{}, tokens: map[fencekv.Token]string{}}
+	stop := make(chan struct{})
+	wg := load(t, c, h, stop)
+	defer func() { close(stop); wg.Wait() }()
+	waitFor(t, 10*time.Second, "writes before the fault", func() error {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		if len(h.acked) < 20 {
+			return fmt.Errorf("%d writes acknowledged", len(h.acked))
+		}
+		return nil
+	})
+
+	const stall = 4 * time.Second
+	arm(t, fps[old.Name], fmt.Sprintf("raftlog.sync=stall:%v@1", stall))
+	armed := time.Now()
+	waitFor(t, 5*time.Second, "the stall", func() error {
+		if !strings.Contains(old.Log(), "raftlog.sync hit 1: stalling") {
+			return fmt.Errorf("not stalled yet")
+		}
+		return nil
+	})
+	// While the old leader's disk hangs, another node takes over.
+	var next *clustertest.Node
+	waitFor(t, stall-500*time.Millisecond, "a new leader while the old one's disk hangs", func() error {
+		for _, nd := range c.Others(old) {
+			st, err := c.Status(nd)
+			if err == nil && st.Role == "leader" && st.Term > st0.Term {
+				next = nd
+				return nil
+			}
+		}
+		return fmt.Errorf("none of %v leads in a term after %d", names(c.Others(old)), st0.Term)
+	})
+	if strings.Contains(old.Log(), "stall over") {
+		t.Fatalf("the new leader came only after the stall ended (%v after it began)", time.Since(armed))
+	}
+	t.Logf("%s leads %v after the stall began", next.Name, time.Since(armed))
+	// The old leader's disk returns; it follows the new leader.
+	waitFor(t, 20*time.Second, "the old leader to follow", func() error {
+		st, err := c.Status(old)
+		if err != nil {
+			return err
+		}
+		if st.Role != "follower" || st.Leader == "" {
+			return fmt.Errorf("%s is %s (leader %q)", old.Name, st.Role, st.Leader)
+		}
+		return nil
+	})
+	t.Logf("%s follows %v after the stall began", old.Name, time.Since(armed))
+	// Writes go on after it.
+	n := func() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.acked) }
+	before := n()
+	waitFor(t, 10*time.Second, "writes after the stall", func() error {
+		if n() < before+20 {
+			return fmt.Errorf("%d more writes acknowledged", n()-before)
+		}
+		return nil
+	})
+	close(stop)
+	wg.Wait()
+	stop = make(chan struct{})
+	wg = &sync.WaitGroup{}
+	h.check(t, c)
+}
+
+func names(nds []*clustertest.Node) []string {
+	var s []string
+	for _, nd := range nds {
+		s = append(s, nd.Name)
+	}
+	return s
+}
