@@ -30,6 +30,13 @@ import (
 // the log (logStore.fail): raft steps the leader down, and the node takes
 // no entries until it is restarted.
 //
+// A node whose raft log failed (a write or fsync returned an error) takes
+// no entries until restarted, so it must not lead: it would be elected,
+// fail to write its first entry, step down, and cost the cluster an
+// election each time its timer fired first. So it sends no vote or
+// pre-vote requests either: with pre-vote, its campaigns then disturb
+// no one (the others' terms do not move). It still votes, and forwards.
+//
 // Reads need no gate: a leader confirms each read with a round of term
 // checks (read.go), which a node that the others have left behind fails.
 
@@ -67,17 +74,42 @@ func (b *busyClock) running() time.Duration {
 // for longer than bound.
 type diskGate struct {
 	*voteGuard
-	busy  *busyClock
-	bound time.Duration
-	log   *slog.Logger
+	busy   *busyClock
+	bound  time.Duration
+	failed func() error // the raft log's failure, or nil
+	log    *slog.Logger
 
 	mu     sync.Mutex
 	gated  bool // the last send was refused
 	gateAt time.Duration
 }
 
-func newDiskGate(g *voteGuard, busy *busyClock, bound time.Duration, log *slog.Logger) *diskGate {
-	return &diskGate{voteGuard: g, busy: busy, bound: bound, log: log}
+func newDiskGate(g *voteGuard, busy *busyClock, bound time.Duration, failed func() error, log *slog.Logger) *diskGate {
+	return &diskGate{voteGuard: g, busy: busy, bound: bound, failed: failed, log: log}
+}
+
+// campaign is why this node asks for no votes, or nil.
+func (g *diskGate) campaign() error {
+	if err := g.failed(); err != nil {
+		return fmt.Errorf("cluster: this node asks for no votes: %w", err)
+	}
+	return nil
+}
+
+// RequestVote asks for a vote, unless the raft log failed.
+func (g *diskGate) RequestVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestVoteRequest, resp *raft.RequestVoteResponse) error {
+	if err := g.campaign(); err != nil {
+		return err
+	}
+	return g.voteGuard.RequestVote(id, target, args, resp)
+}
+
+// RequestPreVote asks for a pre-vote, unless the raft log failed.
+func (g *diskGate) RequestPreVote(id raft.ServerID, target raft.ServerAddress, args *raft.RequestPreVoteRequest, resp *raft.RequestPreVoteResponse) error {
+	if err := g.campaign(); err != nil {
+		return err
+	}
+	return g.voteGuard.RequestPreVote(id, target, args, resp)
 }
 
 // stalled is the error a send is refused with, or nil.

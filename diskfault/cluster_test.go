@@ -3,6 +3,7 @@ package diskfault_test
 import (
 	"context"
 	"fmt"
+	"os"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -199,4 +200,99 @@ func names(nds []*clustertest.Node) []string {
 		s = append(s, nd.Name)
 	}
 	return s
+}
+
+// TestRaftLogSyncEIO: the leader's raft log fsync fails with EIO (once).
+// The node syncs nothing more, takes no part but forwarding, and says why
+// in its log and /readyz; the other two elect a leader and go on taking
+// writes; a restart without the fault recovers it as a follower; nothing
+// acknowledged is lost and no token is granted twice.
+func TestRaftLogSyncEIO(t *testing.T) {
+	c, fps := faultCluster(t, 3)
+	old := c.Leader(t)
+	st0, err := c.Status(old)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := &history{acked: map[string]string{}, tokens: map[fencekv.Token]string{}}
+	stop := make(chan struct{})
+	wg := load(t, c, h, stop)
+	stopped := false
+	defer func() {
+		if !stopped {
+			close(stop)
+			wg.Wait()
+		}
+	}()
+	n := func() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.acked) }
+	more := func(what string, k int) {
+		t.Helper()
+		before := n()
+		waitFor(t, 15*time.Second, what, func() error {
+			if n() < before+k {
+				return fmt.Errorf("%d more writes acknowledged", n()-before)
+			}
+			return nil
+		})
+	}
+	more("writes before the fault", 20)
+
+	arm(t, fps[old.Name], "raftlog.sync=eio@1")
+	waitFor(t, 10*time.Second, "the failed fsync", func() error {
+		if !strings.Contains(old.Log(), "raftlog.sync hit 1: injected EIO") {
+			return fmt.Errorf("not failed yet")
+		}
+		return nil
+	})
+	waitFor(t, 10*time.Second, "another leader", func() error {
+		for _, nd := range c.Others(old) {
+			st, err := c.Status(nd)
+			if err == nil && st.Role == "leader" && st.Term > st0.Term {
+				return nil
+			}
+		}
+		return fmt.Errorf("none of %v leads in a term after %d", names(c.Others(old)), st0.Term)
+	})
+	more("writes after the fault", 20)
+	code, body, err := readyz(old.HTTP)
+	if err != nil || code != 503 || !strings.Contains(body, "raft's log failed") || !strings.Contains(body, "input/output error") {
+		t.Errorf("/readyz of the failed node: %d %q %v, want 503 saying raft's log failed with an I/O error", code, body, err)
+	}
+	if st, err := c.Status(old); err != nil || st.Role == "leader" {
+		t.Errorf("the failed node: %+v, %v; want it not leading", st, err)
+	}
+	log := old.Log()
+	if os.Getenv("DISKFAULT_SHOW") != "" {
+		t.Logf("--- %s ---\n%s", old.Name, log)
+	}
+	if !strings.Contains(log, "raft log failed; restart the node") {
+		t.Errorf("the failed node's log does not say its raft log failed")
+	}
+	// It lost the leadership once, and, asking for no votes, never led
+	// again to fail once more.
+	if k := strings.Count(log, "failed to commit logs"); k != 1 {
+		t.Errorf("the failed node failed to commit as leader %d times, want once", k)
+	}
+	if strings.Contains(log, "raftlog.sync hit 2") {
+		t.Errorf("the failed node synced its raft log again after the failed fsync")
+	}
+	close(stop)
+	wg.Wait()
+	stopped = true
+
+	c.Kill(old)
+	arm(t, fps[old.Name], "")
+	c.Restart(old)
+	waitFor(t, 30*time.Second, "the restarted node to follow and be ready", func() error {
+		st, err := c.Status(old)
+		if err != nil {
+			return err
+		}
+		code, body, err := readyz(old.HTTP)
+		if err != nil || code != 200 || st.Role != "follower" {
+			return fmt.Errorf("%s is %s; /readyz %d %q %v", old.Name, st.Role, code, body, err)
+		}
+		return nil
+	})
+	h.check(t, c)
 }
