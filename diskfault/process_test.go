@@ -86,6 +86,7 @@ type single struct {
 	log    *logBuffer
 	exited chan struct{}
 	logs   []string // the logs of earlier runs
+	env    []string // more environment variables
 }
 
 func newSingle(t *testing.T, dir string) *single {
@@ -99,7 +100,7 @@ func (s *single) start() {
 	s.t.Helper()
 	s.log = &logBuffer{}
 	s.cmd = exec.Command(s.bin, "serve", "--data", s.dir, "--listen", s.addr, "--http", s.http, "--log-level", "info")
-	s.cmd.Env = append(os.Environ(), "FENCEKV_FAILPOINTS_FILE="+s.fp)
+	s.cmd.Env = append(append(os.Environ(), "FENCEKV_FAILPOINTS_FILE="+s.fp), s.env...)
 	s.cmd.Stdout, s.cmd.Stderr = s.log, s.log
 	if err := s.cmd.Start(); err != nil {
 		s.t.Fatal(err)

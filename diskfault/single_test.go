@@ -1,13 +1,18 @@
 package diskfault_test
 
 import (
+	"context"
+	"errors"
 	"fmt"
 	"net/http"
+	"os"
+	"os/exec"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/fencekv/fencekv"
+	"github.com/fencekv/fencekv/cluster/clustertest"
 )
 
 // TestWALSyncEIO: the single node's write-ahead log fsync fails with EIO
@@ -87,5 +92,38 @@ func TestWALSyncEIO(t *testing.T) {
 	}
 	if st, body, err := readyz(s.http); st != http.StatusOK {
 		t.Errorf("/readyz after the restart: %d %q %v", st, body, err)
+	}
+}
+
+// TestFailpointsFromEnvironment: FENCEKV_FAILPOINTS is read at start: a
+// malformed rule stops the process before it serves (a test never runs
+// without its fault), and a rule armed there fires: every append of the
+// log from the second on (the first is Open's re-arm) fails with ENOSPC,
+// so the first write is refused and the store fails.
+func TestFailpointsFromEnvironment(t *testing.T) {
+	bin := failpointsBin(t)
+	cx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	cmd := exec.CommandContext(cx, bin, "serve", "--data", t.TempDir(), "--listen", clustertest.FreeAddr(t), "--http", "")
+	cmd.Env = append(os.Environ(), "FENCEKV_FAILPOINTS=wal.fsync=eio")
+	out, err := cmd.CombinedOutput()
+	var ee *exec.ExitError
+	if !errors.As(err, &ee) || ee.ExitCode() != 2 || !strings.Contains(string(out), `no failpoint "wal.fsync"`) {
+		t.Fatalf("a malformed FENCEKV_FAILPOINTS: %v\n%s\nwant exit status 2 naming the unknown failpoint", err, out)
+	}
+
+	s := newSingle(t, t.TempDir())
+	s.env = []string{"FENCEKV_FAILPOINTS=wal.write=enospc@2+"}
+	s.start()
+	cl := mustDial(t, s.addr)
+	_, err = cl.Put(ctx(t), []byte("k"), []byte("v"), fencekv.WriteOptions{})
+	if code(err) != fencekv.CodeUnavailable || !strings.Contains(err.Error(), "no space left on device") {
+		t.Fatalf("a put whose log append fails with ENOSPC: %v, want unavailable naming ENOSPC", err)
+	}
+	if !strings.Contains(s.log.String(), "diskfault: wal.write hit 2: injected ENOSPC") {
+		t.Errorf("the log does not show the fault:\n%s", s.log)
+	}
+	if st, _, _ := readyz(s.http); st != http.StatusServiceUnavailable {
+		t.Errorf("/readyz: %d, want 503", st)
 	}
 }
