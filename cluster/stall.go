@@ -22,11 +22,12 @@ import (
 // So the node's transport sends no appends and no heartbeats while a
 // write of its raft log has been running for longer than the followers'
 // heartbeat timeout (diskGate): they time out and elect a leader among
-// themselves. When the write returns, the old leader's appends carry its
-// old term, the others answer with the new one, and it steps down and
-// follows; the entries it wrote in the meantime were never committed (no
-// majority holds them), so it acknowledged none of them, and the new
-// leader's log replaces them. A write that fails outright instead fails
+// themselves. The new leader's heartbeats (which raft handles outside its
+// main loop) make the old one a follower of the new term even while its
+// write hangs; when the write returns, its leader loop finds it no longer
+// leads and fails what it was proposing (outcome unknown). The entries it
+// wrote in the meantime were never committed (no majority holds them), so
+// it acknowledged none of them, and the new leader's log replaces them. A write that fails outright instead fails
 // the log (logStore.fail): raft steps the leader down, and the node takes
 // no entries until it is restarted.
 //

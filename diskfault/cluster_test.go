@@ -178,6 +178,27 @@ func TestLeaderRaftLogStall(t *testing.T) {
 		return nil
 	})
 	t.Logf("%s follows %v after the stall began", old.Name, time.Since(armed))
+	if os.Getenv("DISKFAULT_SHOW") != "" {
+		t.Logf("--- %s ---\n%s", old.Name, old.Log())
+	}
+	// Once its disk is back, it is a ready follower again.
+	waitFor(t, stall+5*time.Second, "the end of the stall", func() error {
+		if !strings.Contains(old.Log(), "raftlog.sync hit 1: stall over") {
+			return fmt.Errorf("still stalled")
+		}
+		return nil
+	})
+	waitFor(t, 20*time.Second, "the old leader to be a ready follower", func() error {
+		st, err := c.Status(old)
+		if err != nil {
+			return err
+		}
+		code, body, err := readyz(old.HTTP)
+		if err != nil || code != 200 || st.Role != "follower" {
+			return fmt.Errorf("%s is %s; /readyz %d %q %v", old.Name, st.Role, code, body, err)
+		}
+		return nil
+	})
 	// Writes go on after it.
 	n := func() int { h.mu.Lock(); defer h.mu.Unlock(); return len(h.acked) }
 	before := n()
