@@ -15,6 +15,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -233,4 +234,19 @@ func outcome(err error) string {
 		return fe.Outcome
 	}
 	return ""
+}
+
+// waitLog waits for every one of wants in a process's output (it is
+// copied from the process's pipe in the background).
+func waitLog(t *testing.T, log func() string, wants ...string) {
+	t.Helper()
+	waitFor(t, 5*time.Second, fmt.Sprintf("the log to say %q", wants), func() error {
+		got := log()
+		for _, w := range wants {
+			if !strings.Contains(got, w) {
+				return fmt.Errorf("no %q yet", w)
+			}
+		}
+		return nil
+	})
 }
