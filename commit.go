@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"time"
 
+	"github.com/fencekv/fencekv/diskfault"
 	"github.com/fencekv/fencekv/lease"
 	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wal"
@@ -237,6 +238,11 @@ func (db *DB) checkpoint() error {
 			o.Checkpointed(d)
 		}
 	}()
+	if diskfault.Enabled {
+		if err := diskfault.Hit("data.checkpoint"); err != nil {
+			return fmt.Errorf("fencekv: checkpoint: %w", err)
+		}
+	}
 	if err := db.m.Checkpoint(); err != nil {
 		return err
 	}

@@ -50,6 +50,8 @@ type logStore struct {
 	failed error        // a failed write or sync: the state of the files is unknown
 	closed bool
 	buf    []byte
+
+	busy busyClock // when the running append and sync began (stall.go)
 }
 
 type segment struct {
@@ -100,6 +102,7 @@ func openLogStore(dir string, noSync bool) (*logStore, error) {
 			s.Close()
 			return nil, fmt.Errorf("cluster: raft log: %w", err)
 		}
+		l.SetFaultPoints("raftlog")
 		seg := &segment{segmentFile: f, log: l}
 		s.segs = append(s.segs, seg)
 		if err := checkSegment(f, recs, tail, i == len(files)-1, s.last()); err != nil {
@@ -310,6 +313,8 @@ func (s *logStore) StoreLogs(logs []*raft.Log) error {
 		off += wal.RecordSize(end - start)
 		start = end
 	}
+	s.busy.start()
+	defer s.busy.done()
 	if err := seg.log.Append(next, payloads...); err != nil {
 		return s.fail(err) // the records may be torn: no more appends
 	}
@@ -380,6 +385,7 @@ func (s *logStore) segmentFor(next uint64) (*segment, error) {
 		l.Close()
 		return nil, err
 	}
+	l.SetFaultPoints("raftlog")
 	seg := &segment{segmentFile{path: path, first: next}, l}
 	s.segs = append(s.segs, seg)
 	return seg, nil

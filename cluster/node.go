@@ -319,7 +319,7 @@ func (n *Node) startRaft(created bool) error {
 		func() uint64 { t, _ := store.GetUint64([]byte("CurrentTerm")); return t }, // raft's key for it
 		done)
 	go n.votes.run()
-	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, n.votes)
+	n.raft, err = raft.NewRaft(rc, n.fsm, logs, n.store, snaps, newDiskGate(n.votes, &n.logs.busy, n.cfg.HeartbeatTimeout, n.logs.Failed, n.log))
 	if err != nil {
 		n.votes.Close()
 		n.logs.Close()

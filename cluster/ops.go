@@ -25,6 +25,9 @@ func (n *Node) Ready(ctx context.Context) error {
 	if err := n.logs.Failed(); err != nil {
 		return fmt.Errorf("raft's log failed: this node takes no entries until restart: %v", err)
 	}
+	if d := n.logs.busy.running(); d > n.cfg.HeartbeatTimeout {
+		return fmt.Errorf("raft's log has not finished a write for %v: the disk hangs, and this node lets another lead", d.Round(time.Millisecond))
+	}
 	if _, id := n.raft.LeaderWithID(); id == "" {
 		return fmt.Errorf("no leader known (this node is %s in term %d)", role(n.raft.State()), n.raft.CurrentTerm())
 	}

@@ -75,6 +75,8 @@ import (
 	"hash/crc32"
 	"io"
 	"os"
+
+	"github.com/fencekv/fencekv/diskfault"
 )
 
 // MaxRecord is the largest payload Append accepts.
@@ -135,6 +137,7 @@ type Log struct {
 	off    int64  // where the next record goes
 	synced int64  // the records before it are synced (see Synced)
 	buf    []byte // reused for appends
+	faults string // the failpoints' prefix (diskfault): "wal", or SetFaultPoints'
 }
 
 // Record is a record read back by Open.
@@ -167,7 +170,7 @@ func Open(path string, after uint64) (*Log, []Record, Tail, error) {
 		}
 		return nil, nil, Tail{}, err
 	}
-	l := &Log{f: f}
+	l := &Log{f: f, faults: "wal"}
 	if len(recs) > 0 {
 		l.off = tail.Offset
 	}
@@ -338,6 +341,11 @@ func (l *Log) Append(lsn uint64, payloads ...[]byte) error {
 		binary.BigEndian.PutUint32(b[start+4:], crc32.Checksum(b[start+8:], castagnoli))
 	}
 	l.buf = b
+	if diskfault.Enabled {
+		if err := diskfault.Hit(l.faults + ".write"); err != nil {
+			return fmt.Errorf("wal: append: %w", err)
+		}
+	}
 	if _, err := l.f.WriteAt(b, l.off); err != nil {
 		return fmt.Errorf("wal: append: %w", err)
 	}
@@ -362,12 +370,22 @@ func SyncDir(dir string) error {
 
 // Sync makes every appended record durable (fdatasync).
 func (l *Log) Sync() error {
+	if diskfault.Enabled {
+		if err := diskfault.Hit(l.faults + ".sync"); err != nil {
+			return fmt.Errorf("wal: sync: %w", err)
+		}
+	}
 	if err := fdatasync(l.f); err != nil {
 		return fmt.Errorf("wal: sync: %w", err)
 	}
 	l.synced = l.off
 	return nil
 }
+
+// SetFaultPoints names the log's failpoints (package diskfault, in a
+// build with -tags failpoints): prefix.write and prefix.sync. A log opened
+// by Open has "wal"'s; the raft log's segments set "raftlog".
+func (l *Log) SetFaultPoints(prefix string) { l.faults = prefix }
 
 // Size is the length of the records since the last Reset, in bytes.
 func (l *Log) Size() int64 { return l.off }

@@ -47,13 +47,24 @@ func Build(tb testing.TB) string {
 // working directory.
 func BuildInto(tb testing.TB, dir string) string {
 	tb.Helper()
+	return BuildTags(tb, dir)
+}
+
+// BuildTags is BuildInto with build tags (e.g. "failpoints", for the
+// disk faults of package diskfault).
+func BuildTags(tb testing.TB, dir string, tags ...string) string {
+	tb.Helper()
 	root, err := moduleRoot()
 	if err != nil {
 		tb.Fatal(err)
 	}
 	bin := filepath.Join(dir, "fencekv")
 	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
-	cmd := exec.Command(gobin, "build", "-o", bin, "./cmd/fencekv")
+	args := []string{"build", "-o", bin}
+	if len(tags) > 0 {
+		args = append(args, "-tags", strings.Join(tags, ","))
+	}
+	cmd := exec.Command(gobin, append(args, "./cmd/fencekv")...)
 	cmd.Dir = root
 	if out, err := cmd.CombinedOutput(); err != nil {
 		tb.Fatalf("clustertest: go build: %v\n%s", err, out)
@@ -110,6 +121,7 @@ type Cluster struct {
 	extra  []string          // Options.Extra
 	// nodeExtra is Options.NodeExtra.
 	nodeExtra func(name string) []string
+	env       func(name string) []string // Options.Env
 }
 
 // Options tune Start.
@@ -124,6 +136,9 @@ type Options struct {
 	// Order, if set, is the order the nodes start in (indexes), each
 	// after the one before it answers; by default all start at once.
 	Order []int
+	// Env, if set, gives more environment variables (KEY=value) for the
+	// node called name: its failpoints file (package diskfault), say.
+	Env func(name string) []string
 	// Proxy puts a fault proxy in front of each node's raft listener, for
 	// network faults (Cut, Isolate, Partition, SetLink, Heal).
 	Proxy bool
@@ -137,7 +152,7 @@ func Start(tb testing.TB, bin string, n int, o *Options) *Cluster {
 	var extra []string
 	var nodeExtra func(string) []string
 	if o != nil {
-		extra, nodeExtra, c.dial = o.Extra, o.NodeExtra, o.Dial
+		extra, nodeExtra, c.dial, c.env = o.Extra, o.NodeExtra, o.Dial, o.Env
 		if o.Proxy {
 			c.Faults = NewFaults()
 		}
@@ -325,6 +340,9 @@ func (c *Cluster) launch(nd *Node, extra []string) {
 	args = append(args, nd.Extra...)
 	args = append(args, extra...)
 	cmd := exec.Command(c.Bin, args...)
+	if c.env != nil {
+		cmd.Env = append(os.Environ(), c.env(nd.Name)...)
+	}
 	buf := &syncBuffer{}
 	cmd.Stdout, cmd.Stderr = buf, buf
 	if err := cmd.Start(); err != nil {
