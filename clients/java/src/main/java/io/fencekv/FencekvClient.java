@@ -160,6 +160,7 @@ public final class FencekvClient implements AutoCloseable {
 
     final ExecutorService executor;
     final ScheduledExecutorService timer;
+    private final Set<Runnable> closeHooks = java.util.concurrent.ConcurrentHashMap.newKeySet();
 
     private FencekvClient(Builder b) {
         addrs = List.copyOf(b.addresses);
@@ -343,6 +344,18 @@ public final class FencekvClient implements AutoCloseable {
         if (l != null) l.fail("the client is closed");
         executor.shutdownNow();
         timer.shutdownNow();
+        for (Runnable r : closeHooks) r.run();
+        closeHooks.clear();
+    }
+
+    /** Runs r when the client is closed (at once if it is): the end of a watch publisher's subscription. */
+    void onClose(Runnable r) {
+        closeHooks.add(r);
+        if (closed && closeHooks.remove(r)) r.run();
+    }
+
+    void offClose(Runnable r) {
+        closeHooks.remove(r);
     }
 
     public boolean isClosed() {
@@ -812,5 +825,17 @@ public final class FencekvClient implements AutoCloseable {
 
     public Watch watch(String prefix) {
         return watch(Codec.bytes(prefix), false, 0);
+    }
+
+    /**
+     * The same watch as a {@link java.util.concurrent.Flow.Publisher} of events
+     * (one subscriber per publisher; see {@link WatchPublisher}).
+     */
+    public WatchPublisher watchPublisher(byte[] prefix, WatchOptions options) {
+        return new WatchPublisher(this, prefix, options);
+    }
+
+    public WatchPublisher watchPublisher(String prefix, WatchOptions options) {
+        return watchPublisher(Codec.bytes(prefix), options);
     }
 }
