@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Per-call benchmark of the Java client beside Jedis (src/test/java/io/fencekv/Bench.java):
 #   ./bench.sh [seconds per case, default 1] [rounds, default 3]
+# BENCH_OPS="get,put (durable),fenced put,acquire+release" and BENCH_CALLERS=1,16 select cases.
 # Not part of test.sh. Builds the server from the tree (or uses $FENCEKV_BIN);
 # compares with redis-server ($REDIS_SERVER, /usr/bin/redis-server or PATH) if present.
 set -euo pipefail

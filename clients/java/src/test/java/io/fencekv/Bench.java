@@ -35,7 +35,7 @@ import redis.clients.jedis.params.SetParams;
  * fenced put (a token) / EVALSHA of the same fence rule (HGET fence, compare,
  * HSET); acquire + release / SET NX PX + EVALSHA compare-and-delete. Every
  * case runs once per round, so the ratios compare runs made close together;
- * the table gives medians over the rounds, the ratio the median of the
+ * the table gives medians over the rounds (client cpu: this JVM's CPU time per call), the ratio the median of the
  * rounds' ratios of mean µs per call.
  */
 public final class Bench {
@@ -43,7 +43,7 @@ public final class Bench {
         void call(int thread, long i) throws Exception;
     }
 
-    record Result(double rate, double us) {}
+    record Result(double rate, double us, double cpuUs) {}
 
     static final byte[] VALUE = new byte[100];
 
@@ -99,13 +99,17 @@ public final class Bench {
             x.start();
             ts.add(x);
         }
+        com.sun.management.OperatingSystemMXBean os =
+                (com.sun.management.OperatingSystemMXBean) java.lang.management.ManagementFactory.getOperatingSystemMXBean();
+        long cpu0 = os.getProcessCpuTime();
         long t0 = System.nanoTime();
         until[0] = t0 + (long) (secs * 1e9);
         go.countDown();
         for (Thread x : ts) x.join();
         double el = (System.nanoTime() - t0) / 1e9;
         if (err[0] != null) throw new IllegalStateException("case failed", err[0]);
-        return new Result(count.get() / el, busyNanos.get() / 1e3 / count.get());
+        double cpu = (os.getProcessCpuTime() - cpu0) / 1e3 / count.get();
+        return new Result(count.get() / el, busyNanos.get() / 1e3 / count.get(), cpu);
     }
 
     static double median(List<Double> xs) {
@@ -191,7 +195,10 @@ public final class Bench {
                 rr.evalsha(unlock, 1, lock, holder);
             };
         }
-        int[] callers = {1, 16};
+        String only = System.getenv("BENCH_OPS"); // e.g. "get,fenced put": only those
+        if (only != null && !only.isEmpty()) cases.keySet().retainAll(List.of(only.split(",")));
+        String ns = System.getenv("BENCH_CALLERS"); // e.g. "1"
+        int[] callers = ns == null || ns.isEmpty() ? new int[] {1, 16} : Arrays.stream(ns.split(",")).mapToInt(Integer::parseInt).toArray();
         String[] who = {"fencekv-java", "jedis"};
         // Warm up (JIT): every case briefly.
         for (Op[] ops : cases.values()) {
@@ -213,14 +220,15 @@ public final class Bench {
         }
         System.out.printf("%d rounds of %.1f s per case; medians (Java %s, %d cores):%n", rounds, secs,
                 System.getProperty("java.version"), Runtime.getRuntime().availableProcessors());
-        System.out.printf("%-18s %-13s %8s %12s %10s%n", "op", "client", "callers", "calls/s", "us/call");
+        System.out.printf("%-18s %-13s %8s %12s %10s %14s%n", "op", "client", "callers", "calls/s", "us/call", "client cpu us");
         for (int n : callers) {
             for (String name : cases.keySet()) {
                 for (int k = 0; k < 2; k++) {
                     List<Result> rs = res.get(name + "/" + n + "/" + k);
                     if (rs == null) continue;
-                    System.out.printf("%-18s %-13s %8d %12.0f %10.1f%n", name, who[k], n,
-                            median(rs.stream().map(Result::rate).toList()), median(rs.stream().map(Result::us).toList()));
+                    System.out.printf("%-18s %-13s %8d %12.0f %10.1f %14.1f%n", name, who[k], n,
+                            median(rs.stream().map(Result::rate).toList()), median(rs.stream().map(Result::us).toList()),
+                            median(rs.stream().map(Result::cpuUs).toList()));
                 }
             }
         }
