@@ -21,21 +21,26 @@ final class Codec {
     /** Encodes {@code [0, msgid, method, [params]]}, or a notification {@code [2, method, [params]]} when msgid < 0. */
     static byte[] request(long msgid, String method, Map<String, Object> params) {
         try (MessageBufferPacker p = MessagePack.newDefaultBufferPacker()) {
-            if (msgid < 0) {
-                p.packArrayHeader(3).packInt(2);
-            } else {
-                p.packArrayHeader(4).packInt(0).packLong(msgid);
-            }
-            p.packString(method);
-            if (params == null || params.isEmpty()) {
-                p.packArrayHeader(0);
-            } else {
-                p.packArrayHeader(1);
-                pack(p, params);
-            }
+            request(p, msgid, method, params);
             return p.toByteArray();
         } catch (IOException e) {
             throw new IllegalStateException(e); // a buffer packer does not fail
+        }
+    }
+
+    /** Packs the request into p. */
+    static void request(MessagePacker p, long msgid, String method, Map<String, Object> params) throws IOException {
+        if (msgid < 0) {
+            p.packArrayHeader(3).packInt(2);
+        } else {
+            p.packArrayHeader(4).packInt(0).packLong(msgid);
+        }
+        p.packString(method);
+        if (params == null || params.isEmpty()) {
+            p.packArrayHeader(0);
+        } else {
+            p.packArrayHeader(1);
+            pack(p, params);
         }
     }
 

@@ -160,6 +160,7 @@ public final class FencekvClient implements AutoCloseable {
 
     final ExecutorService executor;
     final ScheduledExecutorService timer;
+    private final Set<Runnable> closeHooks = java.util.concurrent.ConcurrentHashMap.newKeySet();
 
     private FencekvClient(Builder b) {
         addrs = List.copyOf(b.addresses);
@@ -181,6 +182,53 @@ public final class FencekvClient implements AutoCloseable {
             t.setDaemon(true);
             return t;
         });
+    }
+
+    /*
+     * Call timeouts: one sweep task, scheduled for the earliest deadline of the
+     * calls in flight (not a timer task per call, which costs more than the
+     * call), fails every call past its deadline and schedules itself again.
+     */
+    private final Set<Link> links = java.util.concurrent.ConcurrentHashMap.newKeySet();
+    private final Object sweepLock = new Object();
+    private volatile long sweepAt; // System.nanoTime of the scheduled sweep, if sweepOn; guarded by sweepLock for writes
+    private volatile boolean sweepOn;
+
+    /** A timed call went out with this deadline: make sure a sweep runs by then. */
+    private void due(long deadline) {
+        if (sweepOn && sweepAt - deadline <= 0) return; // a sweep comes in time
+        synchronized (sweepLock) {
+            if (sweepOn && sweepAt - deadline <= 0) return;
+            sweepAt = deadline;
+            sweepOn = true;
+            try {
+                timer.schedule(this::sweep, Math.max(0, deadline - System.nanoTime()), TimeUnit.NANOSECONDS);
+            } catch (java.util.concurrent.RejectedExecutionException e) {
+                // closed: the links fail their calls
+            }
+        }
+    }
+
+    private void sweep() {
+        synchronized (sweepLock) {
+            if (sweepOn && sweepAt - System.nanoTime() > 0) return; // an earlier sweep of a later schedule: that one comes
+            sweepOn = false;
+        }
+        long now = System.nanoTime();
+        long next = 0;
+        boolean any = false;
+        for (Link l : links) {
+            if (l.dead() && l.idle()) {
+                links.remove(l);
+                continue;
+            }
+            long d = l.expire(now);
+            if (d != 0 && (!any || d - next < 0)) {
+                next = d;
+                any = true;
+            }
+        }
+        if (any) due(next);
     }
 
     // ---- connections ----
@@ -223,6 +271,8 @@ public final class FencekvClient implements AutoCloseable {
     Link openLink(String addr, BiConsumer<String, Map<String, Object>> onNotification) throws IOException {
         Socket s = openSocket(addr);
         Link l = new Link(addr, s, onNotification);
+        l.sweeper = this::due;
+        links.add(l);
         try {
             if (user != null) {
                 Map<String, Object> p = new LinkedHashMap<>();
@@ -343,6 +393,18 @@ public final class FencekvClient implements AutoCloseable {
         if (l != null) l.fail("the client is closed");
         executor.shutdownNow();
         timer.shutdownNow();
+        for (Runnable r : closeHooks) r.run();
+        closeHooks.clear();
+    }
+
+    /** Runs r when the client is closed (at once if it is): the end of a watch publisher's subscription. */
+    void onClose(Runnable r) {
+        closeHooks.add(r);
+        if (closed && closeHooks.remove(r)) r.run();
+    }
+
+    void offClose(Runnable r) {
+        closeHooks.remove(r);
     }
 
     public boolean isClosed() {
@@ -365,7 +427,7 @@ public final class FencekvClient implements AutoCloseable {
         Link l = cur;
         if (l != null && !l.dead()) {
             try {
-                return withTimeout(l.send(method, params, effect), l, effect, timeoutMs);
+                return l.send(method, params, effect, timeoutMs);
             } catch (Link.NotSent e) {
                 // dead before anything was written: connect again, off the caller's thread
             }
@@ -390,24 +452,11 @@ public final class FencekvClient implements AutoCloseable {
         for (int attempt = 0; ; attempt++) {
             Link l = conn();
             try {
-                return withTimeout(l.send(method, params, effect), l, effect, timeoutMs);
+                return l.send(method, params, effect, timeoutMs);
             } catch (Link.NotSent e) {
                 if (attempt >= 3) throw new ConnectionException(l.addr, false, l.why(), null);
             }
         }
-    }
-
-    private CompletableFuture<Map<String, Object>> withTimeout(CompletableFuture<Map<String, Object>> f, Link l, boolean effect, long ms) {
-        if (ms <= 0 || f.isDone()) return f;
-        try {
-            java.util.concurrent.ScheduledFuture<?> t = timer.schedule(() -> {
-                f.completeExceptionally(new ConnectionException(l.addr, effect, "no answer within " + ms + " ms", null));
-            }, ms, TimeUnit.MILLISECONDS);
-            f.whenComplete((r, e) -> t.cancel(false));
-        } catch (java.util.concurrent.RejectedExecutionException e) {
-            // closed: the link fails the call
-        }
-        return f;
     }
 
     /** Sends method as a notification: no answer, not even for a refusal (PROTOCOL.md §2.3). */
@@ -812,5 +861,17 @@ public final class FencekvClient implements AutoCloseable {
 
     public Watch watch(String prefix) {
         return watch(Codec.bytes(prefix), false, 0);
+    }
+
+    /**
+     * The same watch as a {@link java.util.concurrent.Flow.Publisher} of events
+     * (one subscriber per publisher; see {@link WatchPublisher}).
+     */
+    public WatchPublisher watchPublisher(byte[] prefix, WatchOptions options) {
+        return new WatchPublisher(this, prefix, options);
+    }
+
+    public WatchPublisher watchPublisher(String prefix, WatchOptions options) {
+        return watchPublisher(Codec.bytes(prefix), options);
     }
 }

@@ -13,7 +13,9 @@ import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ConcurrentHashMap;
 import java.util.function.BiConsumer;
 
+import org.msgpack.core.MessageBufferPacker;
 import org.msgpack.core.MessagePack;
+import org.msgpack.core.buffer.MessageBuffer;
 import org.msgpack.core.MessageUnpacker;
 
 /**
@@ -37,10 +39,14 @@ final class Link {
     private static final class Pending {
         final CompletableFuture<Map<String, Object>> future;
         final boolean effect;
+        final long deadline; // System.nanoTime; meaningful if ms > 0
+        final long ms;
 
-        Pending(CompletableFuture<Map<String, Object>> future, boolean effect) {
+        Pending(CompletableFuture<Map<String, Object>> future, boolean effect, long deadline, long ms) {
             this.future = future;
             this.effect = effect;
+            this.deadline = deadline;
+            this.ms = ms;
         }
     }
 
@@ -50,6 +56,7 @@ final class Link {
     private final MessageUnpacker in;
     private final ConcurrentHashMap<Long, Pending> pending = new ConcurrentHashMap<>();
     private final Object writeLock = new Object();
+    private final MessageBufferPacker packer = MessagePack.newDefaultBufferPacker(); // guarded by writeLock: reused, its buffer kept
     private final BiConsumer<String, Map<String, Object>> onNotification;
     private long nextId; // guarded by writeLock
     private volatile boolean answered; // any message read from the server
@@ -78,7 +85,17 @@ final class Link {
      * any byte of it was written.
      */
     CompletableFuture<Map<String, Object>> send(String method, Map<String, Object> params, boolean effect) throws NotSent {
+        return send(method, params, effect, 0);
+    }
+
+    /**
+     * As {@link #send(String, Map, boolean)}, failing the call with a
+     * ConnectionException (of unknown outcome if effect) if no answer came
+     * within timeoutMs (> 0): {@link #expire} finds it.
+     */
+    CompletableFuture<Map<String, Object>> send(String method, Map<String, Object> params, boolean effect, long timeoutMs) throws NotSent {
         CompletableFuture<Map<String, Object>> f = new CompletableFuture<>();
+        long deadline = timeoutMs > 0 ? System.nanoTime() + timeoutMs * 1_000_000 : 0;
         synchronized (writeLock) {
             if (dead) throw new NotSent();
             long id;
@@ -86,17 +103,57 @@ final class Link {
                 id = nextId;
                 nextId = (nextId + 1) & 0xffffffffL;
             } while (pending.containsKey(id));
-            byte[] msg = Codec.request(id, method, params);
-            pending.put(id, new Pending(f, effect));
+            packer.clear();
             try {
-                out.write(msg);
+                Codec.request(packer, id, method, params); // throws before anything is written for a value it cannot encode
+            } catch (IOException e) {
+                throw new IllegalStateException(e); // a buffer packer does not fail
+            }
+            pending.put(id, new Pending(f, effect, deadline, timeoutMs));
+            try {
+                for (MessageBuffer b : packer.toBufferList()) out.write(b.array(), b.arrayOffset(), b.size());
                 out.flush();
             } catch (IOException e) {
                 // Some of it may have been written: the outcome is unknown.
                 fail("write failed: " + e.getMessage());
             }
         }
+        if (timeoutMs > 0 && sweeper != null) sweeper.due(deadline);
         return f;
+    }
+
+    /** Who fails the timed calls: told of each deadline. */
+    interface Sweeper {
+        void due(long deadline);
+    }
+
+    volatile Sweeper sweeper;
+
+    /**
+     * Fails the calls whose deadline has passed (the client's sweep calls it);
+     * returns the earliest deadline of the timed calls still waiting, or 0 if none.
+     */
+    long expire(long now) {
+        long next = 0;
+        boolean any = false;
+        for (Map.Entry<Long, Pending> e : pending.entrySet()) {
+            Pending p = e.getValue();
+            if (p.ms <= 0) continue;
+            if (now - p.deadline >= 0) {
+                if (pending.remove(e.getKey(), p)) {
+                    p.future.completeExceptionally(new ConnectionException(addr, p.effect, "no answer within " + p.ms + " ms", null));
+                }
+            } else if (!any || p.deadline - next < 0) {
+                next = p.deadline;
+                any = true;
+            }
+        }
+        return any && next == 0 ? 1 : next;
+    }
+
+    /** Whether no call waits for an answer here. */
+    boolean idle() {
+        return pending.isEmpty();
     }
 
     /** Sends a notification (no answer). */
