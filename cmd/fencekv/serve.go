@@ -47,6 +47,8 @@ Example:
 			&cli.DurationFlag{Name: "read-timeout", Value: w.ReadTimeout, EnvVars: env("READ_TIMEOUT"), Usage: "close a connection whose message has begun to arrive and is not whole this long after (a half-sent message no longer holds a connection); 0 turns it off; idle connections have no timeout"},
 			&cli.IntFlag{Name: "max-watches", Value: w.MaxWatches, EnvVars: env("MAX_WATCHES"), Usage: "most watches per connection"},
 			&cli.IntFlag{Name: "max-watchers", Value: d.MaxWatchers, EnvVars: env("MAX_WATCHERS"), Usage: "most watches at once, store-wide"},
+			&cli.IntFlag{Name: "watch-history", Value: d.WatchHistory, EnvVars: env("WATCH_HISTORY"), Usage: "events kept, in the data file, for watches to resume from (across restarts too); a start before them is compacted"},
+			&cli.IntFlag{Name: "watch-history-bytes", Value: d.WatchHistoryBytes, EnvVars: env("WATCH_HISTORY_BYTES"), Usage: "bound on the keys and values of the kept watch history"},
 			&cli.BoolFlag{Name: "event-loop", Value: w.EventLoop, EnvVars: env("EVENT_LOOP"), Usage: "serve plain TCP connections of a single node from one epoll event loop (Linux); false: a goroutine per connection"},
 			&cli.IntFlag{Name: "max-waiters", Value: d.MaxWaiters, EnvVars: env("MAX_WAITERS"), Usage: "most callers queued for locks"},
 			&cli.DurationFlag{Name: "min-ttl", Value: d.MinTTL, EnvVars: env("MIN_TTL"), Usage: "shortest lease"},
@@ -71,6 +73,8 @@ Example:
 			o.MaxValueSize = c.Int("max-value-size")
 			o.MaxWaiters = c.Int("max-waiters")
 			o.MaxWatchers = c.Int("max-watchers")
+			o.WatchHistory = c.Int("watch-history")
+			o.WatchHistoryBytes = c.Int("watch-history-bytes")
 			o.MinTTL = c.Duration("min-ttl")
 			o.MaxTTL = c.Duration("max-ttl")
 			wc := wire.DefaultConfig()
