@@ -127,13 +127,14 @@ type Result struct {
 const (
 	encodingV1 = 0x81 // commands with Term; OpRearm
 	encodingV2 = 0x82 // commands with a txn's Compares and Ops; OpTxn
+	encodingV3 = 0x83 // commands with Lease.Limit (semaphores, state/semaphore.go)
 )
 
 // AppendBatchHeader starts the encoding of a batch (the single node's
 // log appends commands to it one by one, with AppendCommand).
-func AppendBatchHeader(b []byte) []byte { return append(b, encodingV2) }
+func AppendBatchHeader(b []byte) []byte { return append(b, encodingV3) }
 
-// AppendCommand appends c's binary encoding (version 1) to b. Every field
+// AppendCommand appends c's binary encoding (version 3) to b. Every field
 // is written, so that replay applies exactly the command that was applied
 // before.
 func AppendCommand(b []byte, c *Command) []byte {
@@ -156,6 +157,7 @@ func AppendCommand(b []byte, c *Command) []byte {
 	b = appendBytes(b, []byte(c.Lease.Holder))
 	b = binary.AppendVarint(b, int64(c.Lease.LockDelay))
 	b = binary.AppendUvarint(b, uint64(c.Token))
+	b = binary.AppendUvarint(b, uint64(c.Lease.Limit)) // v3
 	b = binary.AppendUvarint(b, uint64(len(c.Compares)))
 	for _, cmp := range c.Compares {
 		b = appendBytes(b, cmp.Key)
@@ -202,6 +204,8 @@ func EachCommand(b []byte, fn func(*Command) error) error {
 		version, b = 1, b[1:]
 	case v == encodingV2:
 		version, b = 2, b[1:]
+	case v == encodingV3:
+		version, b = 3, b[1:]
 	case v >= byte(OpPut) && v <= byte(OpExpire):
 		// version 0: no version byte
 	default:
@@ -252,6 +256,13 @@ func readCommand(b []byte, version int) (Command, []byte, error) {
 	c.Lease.Holder = string(r.bytes())
 	c.Lease.LockDelay = time.Duration(r.varint())
 	c.Token = Token(r.uvarint())
+	if version >= 3 {
+		if l := r.uvarint(); l <= maxLimit {
+			c.Lease.Limit = int(l)
+		} else {
+			r.bad = true
+		}
+	}
 	if version >= 2 {
 		if n := r.uvarint(); n > 0 && n <= uint64(len(r.b)) {
 			c.Compares = make([]Compare, n)
