@@ -476,3 +476,6 @@ func (in Info) Full() bool {
 	}
 	return len(in.Sem.Holders) >= in.Sem.Limit
 }
+
+// CodeLimitMismatch is fence.CodeLimitMismatch.
+const CodeLimitMismatch = fence.CodeLimitMismatch
