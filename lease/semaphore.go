@@ -80,6 +80,12 @@ func (s *semRecord) marshal() []byte {
 		b = binary.AppendUvarint(b, uint64(len(p.Holder)))
 		b = append(b, p.Holder...)
 	}
+	// Zeros up to a plain record's least length, so that a binary without
+	// semaphores reads the version byte and says "bad record (version 3,
+	// want 2)" rather than that the record is short.
+	for len(b) < recordHeader {
+		b = append(b, 0)
+	}
 	return b
 }
 
@@ -103,10 +109,22 @@ func unmarshalSem(b []byte) (semRecord, error) {
 		p.ForgetAt = time.Duration(r.varint())
 		p.Holder = string(r.bytes())
 	}
-	if r.bad || len(r.b) != 0 {
+	if len(b) == recordHeader && len(r.b) > 0 && !r.bad && allZero(r.b) {
+		r.b = nil // marshal's padding
+	}
+	if r.bad || len(r.b) != 0 || len(b) < recordHeader {
 		return semRecord{}, fmt.Errorf("lease: bad semaphore record (%d bytes)", len(b))
 	}
 	return s, nil
+}
+
+func allZero(b []byte) bool {
+	for _, c := range b {
+		if c != 0 {
+			return false
+		}
+	}
+	return true
 }
 
 // reader reads the pieces of a semaphore record; bad is set once they run out.

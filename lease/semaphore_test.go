@@ -2,6 +2,7 @@ package lease
 
 import (
 	"bytes"
+	"strings"
 	"testing"
 	"time"
 
@@ -104,5 +105,33 @@ func TestSemRecordDecode(t *testing.T) {
 		if _, err := unmarshalSem(b[:i]); err == nil {
 			t.Fatalf("truncated to %d bytes decoded", i)
 		}
+	}
+}
+
+// TestSemRecordVersions: a plain lock's record is what it was before
+// semaphores (record.go, unchanged: the older binary's decoder), whether
+// the acquire gave no limit or a limit of 1; a semaphore's record is
+// refused by that decoder with a version error, never misread.
+func TestSemRecordVersions(t *testing.T) {
+	s, m := testStore(t), NewManager()
+	raw := func(name string) []byte {
+		var b []byte
+		in(t, s, func(tx *kv.Tx) { b = bytes.Clone(tx.Lock(name)) })
+		return b
+	}
+	mustAcquire(t, s, m, 0, Request{Name: "a", TTL: time.Second, Holder: "h"})
+	mustAcquire(t, s, m, 0, Request{Name: "b", TTL: time.Second, Holder: "h", Limit: 1})
+	a, b := raw("a"), raw("b")
+	if !bytes.Equal(a[1:], b[1:]) && len(a) != len(b) || a[0] != recordVersion || b[0] != recordVersion {
+		t.Fatalf("plain records: %x, %x; want version %d, alike", a, b, recordVersion)
+	}
+	for _, r := range [][]byte{a, b} {
+		if _, err := unmarshal(r); err != nil {
+			t.Fatalf("a plain lock's record %x: %v", r, err)
+		}
+	}
+	mustAcquire(t, s, m, 0, Request{Name: "S", TTL: time.Second, Holder: "h", Limit: 3})
+	if _, err := unmarshal(raw("S")); err == nil || !strings.Contains(err.Error(), "version 3, want 2") {
+		t.Fatalf("a semaphore's record by the plain decoder: err = %v; want a version error", err)
 	}
 }

@@ -42,7 +42,7 @@ func TestCommandEncoding(t *testing.T) {
 			t.Fatalf("command %d = %+v; want %+v", i, got[i], want)
 		}
 	}
-	for _, bad := range [][]byte{{}, {0}, {byte(OpTxn + 1), 0}, AppendCommand(nil, &sampleCommands[0])[:5]} {
+	for _, bad := range [][]byte{{}, {0}, {byte(OpTxn + 1), 0}, appendCommand(nil, &sampleCommands[0], 3)[:5]} {
 		if _, _, err := readCommand(bad, 3); err == nil {
 			t.Errorf("readCommand(%x) = nil error; want errBadCommand", bad)
 		}
@@ -76,8 +76,8 @@ func TestCommandVersions(t *testing.T) {
 
 // appendCommandV0 is the encoding of fencekv 0.1.0's log, before versions.
 func appendCommandV0(b []byte, c *Command) []byte {
-	v1 := AppendCommand(nil, c)
-	v1 = v1[:len(v1)-3] // version 3 added the limit, version 2 two counts (compares, ops), at the end
+	v1 := appendCommand(nil, c, 2)
+	v1 = v1[:len(v1)-2] // version 2 added two counts (compares, ops) at the end
 	// Version 1 is version 0 with Term after Now.
 	_, n := binary.Varint(v1[1:])
 	_, m := binary.Uvarint(v1[1+n:])
@@ -89,7 +89,7 @@ func appendCommandV0(b []byte, c *Command) []byte {
 // accepts encodes back to the bytes it read.
 func FuzzReadCommand(f *testing.F) {
 	for i := range sampleCommands {
-		f.Add(AppendCommand(nil, &sampleCommands[i]))
+		f.Add(appendCommand(nil, &sampleCommands[i], 3))
 	}
 	f.Add([]byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
@@ -98,11 +98,11 @@ func FuzzReadCommand(f *testing.F) {
 			return
 		}
 		used := b[:len(b)-len(rest)]
-		if again := AppendCommand(nil, &c); string(again) != string(used) {
+		if again := appendCommand(nil, &c, 3); string(again) != string(used) {
 			// Varints have one shortest form; longer forms decode but
 			// re-encode shorter. Equality of the decoded command is what
 			// matters.
-			c2, _, err := readCommand(again, 2)
+			c2, _, err := readCommand(again, 3)
 			if err != nil || !reflect.DeepEqual(normal(c2), normal(c)) {
 				t.Fatalf("re-encoding %+v gave %+v, %v", c, c2, err)
 			}
