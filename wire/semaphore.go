@@ -1,6 +1,7 @@
 package wire
 
 import (
+	"context"
 	"time"
 
 	"github.com/fencekv/fencekv"
@@ -85,4 +86,33 @@ func decodeSem(dec *msgpack.Decoder, k string, in *fencekv.LockInfo) error {
 		}
 	}
 	return nil
+}
+
+// WithSemaphore is WithLock for one of limit permits of name (a
+// semaphore, limit 2..MaxPermits; 1 is a plain lock): it acquires a
+// permit for ttl (waiting up to o.Wait, FIFO behind the others waiting),
+// calls fn with a context and the permit's lease, renews the permit while
+// fn runs, and releases it when fn returns. The lease's token is the
+// permit's: pass it, with Lock: name, to held writes. Everything WithLock
+// says holds for the permit (the context's ErrLeaseLost, a lost answer
+// looked up by holder name). o.Limit is ignored: limit is used.
+func (c *Client) WithSemaphore(ctx context.Context, name string, limit int, ttl time.Duration, o *LockOptions,
+	fn func(ctx context.Context, l fencekv.Lease) error) error {
+	var lo LockOptions
+	if o != nil {
+		lo = *o
+	}
+	lo.Limit = limit
+	return c.WithLock(ctx, name, ttl, &lo, fn)
+}
+
+// heldBy returns the token of the live permit (or plain lease) of in held
+// under holder, if there is one.
+func heldBy(in fencekv.LockInfo, holder string) (fencekv.Token, bool) {
+	for _, h := range in.Holders() {
+		if h.Holder == holder {
+			return h.Token, true
+		}
+	}
+	return 0, false
 }
