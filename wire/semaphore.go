@@ -8,7 +8,7 @@ import (
 	"github.com/vmihailenco/msgpack/v5"
 )
 
-// Semaphores on the wire (PROTOCOL.md §5.7): acquire takes an optional
+// Semaphores on the wire (PROTOCOL.md §5.2): acquire takes an optional
 // "limit" (permits, 1..MaxPermits; absent: 1, a plain lock); lock_info and
 // locks answer a semaphore's map with "limit" and "holders" (absent for a
 // plain lock, whose map is unchanged).
