@@ -3,6 +3,7 @@ package fencekv_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"testing"
 	"time"
 
@@ -75,5 +76,28 @@ func TestSemaphoreDB(t *testing.T) {
 	}
 	if _, err := db.Put(ctx, []byte("k"), []byte("v"), fencekv.WriteOptions{Token: a.Token, Lock: "S"}); !errors.Is(err, fencekv.ErrNotHolder) {
 		t.Fatalf("held write after release: %v; want not_holder", err)
+	}
+}
+
+// BenchmarkSemaphoreAcquireRelease is BenchmarkAcquireRelease for a permit
+// of a semaphore of limit 3 (each caller its own).
+func BenchmarkSemaphoreAcquireRelease(b *testing.B) {
+	for _, callers := range benchCallers {
+		b.Run(fmt.Sprintf("callers=%d", callers), func(b *testing.B) {
+			db := benchOpen(b)
+			ctx := context.Background()
+			o := &fencekv.AcquireOptions{Limit: 3}
+			names := make([]string, callers)
+			for c := range callers {
+				names[c] = fmt.Sprintf("bench/sem%d", c)
+			}
+			benchRun(b, db, callers, func(c int) error {
+				l, err := db.Acquire(ctx, names[c], time.Minute, o)
+				if err != nil {
+					return err
+				}
+				return db.Release(ctx, names[c], l.Token)
+			})
+		})
 	}
 }
