@@ -76,7 +76,9 @@ func TestSemaphoreHistoryFailover(t *testing.T) {
 			after++
 		}
 	}
-	if before < 200 || after < 200 {
-		t.Fatalf("%d permits granted before the kill, %d after; want both at least 200", before, after)
+	// 200 counted before the kill, 200 more after it: of those, a few
+	// (at most one per client) may have been answered just before it.
+	if before < 200 || after < 200-len(clients) {
+		t.Fatalf("%d permits granted before the kill, %d after; want at least 200 and %d", before, after, 200-len(clients))
 	}
 }
