@@ -134,6 +134,7 @@ type AcquireOptions struct {
 	Holder    string        // shown to others by LockInfo and in lock_held refusals
 	Wait      time.Duration // queue up to this long (first come, first served)
 	LockDelay time.Duration // after this lease expires, nobody may acquire for this long
+	Limit     int           // permits: 0 or 1 a plain lock, 2..MaxPermits a semaphore (semaphore.go)
 }
 
 // Lease is a granted lock.
@@ -159,7 +160,7 @@ func (db *DB) Acquire(ctx context.Context, name string, ttl time.Duration, o *Ac
 	if err := db.opts.CheckAcquire(name, ttl, ao); err != nil {
 		return Lease{}, err
 	}
-	r := newRequest(state.Command{Op: state.OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}})
+	r := newRequest(state.Command{Op: state.OpAcquire, Lease: lease.Request{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay, Limit: ao.Limit}})
 	r.wait = ao.Wait
 	defer r.free()
 	var timer Timer

@@ -289,7 +289,7 @@ func (db *DB) start(ctx context.Context, c state.Command, w WriteOptions, then f
 	case state.OpRenew, state.OpRelease:
 		err = db.opts.CheckName(c.Lease.Name)
 	case state.OpAcquire:
-		err = db.opts.CheckAcquire(c.Lease.Name, c.Lease.TTL, AcquireOptions{Holder: c.Lease.Holder, LockDelay: c.Lease.LockDelay})
+		err = db.opts.CheckAcquire(c.Lease.Name, c.Lease.TTL, AcquireOptions{Holder: c.Lease.Holder, LockDelay: c.Lease.LockDelay, Limit: c.Lease.Limit})
 	default:
 		err = errorf(CodeBadRequest, "Start: op %v cannot be started", c.Op)
 	}

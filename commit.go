@@ -178,7 +178,7 @@ func (db *DB) handOff(now time.Duration, name string, handed []handoff) ([]hando
 		if err != nil {
 			return handed, err
 		}
-		if res.Err == nil {
+		if res.Err == nil && !res.Freed { // a semaphore may have permits left for the next
 			return handed, nil
 		}
 	}

@@ -68,6 +68,8 @@ func (o *Options) CheckAcquire(name string, ttl time.Duration, ao AcquireOptions
 		return errorf(CodeBadRequest, "lock delay %v is outside 0..%v", ao.LockDelay, o.MaxLockDelay)
 	case len(ao.Holder) > o.MaxKeySize:
 		return errorf(CodeTooLarge, "holder is %d bytes, over the limit of %d", len(ao.Holder), o.MaxKeySize)
+	case ao.Limit != 0:
+		return checkLimit(ao)
 	}
 	return nil
 }

@@ -287,7 +287,7 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 	if err != nil {
 		return fencekv.Lease{}, err
 	}
-	req := state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay}
+	req := state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay, Limit: ao.Limit}
 	switch {
 	case n.m.Waiting(name) == 0:
 		r, err := n.apply(state.Command{Op: state.OpAcquire, Lease: req}, term)
@@ -304,7 +304,7 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 		// Waiters come first (FIFO): the lock goes to them.
 		return fencekv.Lease{}, n.lockHeld(name)
 	}
-	w := state.NewWaiter(state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay})
+	w := state.NewWaiter(state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay, Limit: ao.Limit})
 	if err := n.m.Enqueue(w, n.opts.MaxWaiters); err != nil {
 		return fencekv.Lease{}, err
 	}

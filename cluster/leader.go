@@ -430,7 +430,8 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 		n.hmu.Unlock()
 		for name := range names {
 			for {
-				if in, err := n.m.LockInfo(n.now(), name); err != nil || in.Held || in.Delay > 0 {
+				in, err := n.m.LockInfo(n.now(), name)
+				if err != nil || in.Full() || in.Delay > 0 {
 					break // still taken: its release or expiry kicks again
 				}
 				w := n.m.Pop(name)
@@ -446,7 +447,7 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 					err = r.Err
 				}
 				w.Finish(r.Grant, err)
-				if err == nil {
+				if err == nil && !r.Freed { // a semaphore may have permits left for the next
 					break
 				}
 			}

@@ -32,6 +32,8 @@ const (
 	CodePermissionDenied Code = "permission_denied" // the principal has no right to this method, key or lock name
 
 	CodeTLSRequired Code = "tls_required" // a TLS server was sent plain bytes (the error notification only): connect with TLS
+
+	CodeLimitMismatch Code = "limit_mismatch" // an acquire's limit (permits) is not the one the lock has while a permit is live
 )
 
 // Error is a refusal: a stable Code plus the facts a caller needs to act on

@@ -41,12 +41,14 @@ type Request struct {
 	TTL       time.Duration
 	Holder    string
 	LockDelay time.Duration
+	Limit     int // permits: 0 or 1 a plain lock, more a semaphore (semaphore.go)
 }
 
 // Grant is a granted lease.
 type Grant struct {
 	Token fence.Token
 	TTL   time.Duration
+	Free  int // a semaphore's permits still free after this grant (0 for a plain lock)
 }
 
 // Info describes a lock at one moment.
@@ -58,6 +60,7 @@ type Info struct {
 	TTL     time.Duration // lease time left; 0 when not held, or when it ran out and its expiry is not applied yet (see Manager.Info)
 	Delay   time.Duration // lock-delay left; 0 when none
 	Waiters int
+	Sem     *SemInfo // a semaphore's limit and live permits; nil for a plain lock (so Info stays comparable)
 }
 
 // Manager keeps the in-memory side of leases: the deadline index and the
@@ -144,8 +147,9 @@ func (m *Manager) addHeld(n int) {
 	m.mu.Unlock()
 }
 
-func load(st Store, name string) (Record, bool, error) {
-	raw := st.Lock(name)
+func load(st Store, name string) (Record, bool, error) { return decode(name, st.Lock(name)) }
+
+func decode(name string, raw []byte) (Record, bool, error) {
 	if raw == nil {
 		return Record{}, false, nil
 	}
@@ -165,7 +169,11 @@ func store(st Store, name string, r *Record) error {
 // A refusal is fence.CodeLockHeld with the holder, its token and the time
 // until the lock may be free, and changes nothing.
 func (m *Manager) Acquire(st Store, now time.Duration, req Request) (Grant, error) {
-	r, ok, err := load(st, req.Name)
+	raw := st.Lock(req.Name)
+	if req.Limit > 1 || isSem(raw) {
+		return m.acquireSem(st, now, req, raw)
+	}
+	r, ok, err := decode(req.Name, raw)
 	if err != nil {
 		return Grant{}, err
 	}
@@ -217,7 +225,11 @@ func check(r Record, ok bool, name string, token fence.Token, now time.Duration)
 // Check reports whether name is held by exactly token at now (G4): nil, or
 // fence.CodeNotHolder / fence.CodeLeaseExpired.
 func (m *Manager) Check(st Store, now time.Duration, name string, token fence.Token) error {
-	r, ok, err := load(st, name)
+	raw := st.Lock(name)
+	if isSem(raw) {
+		return m.checkSemRaw(name, raw, token, now)
+	}
+	r, ok, err := decode(name, raw)
 	if err != nil {
 		return err
 	}
@@ -227,7 +239,11 @@ func (m *Manager) Check(st Store, now time.Duration, name string, token fence.To
 // Renew gives the lease of token on name its full TTL again, from now. It is
 // idempotent: a retried renew only moves the deadline.
 func (m *Manager) Renew(st Store, now time.Duration, name string, token fence.Token) (time.Duration, error) {
-	r, ok, err := load(st, name)
+	raw := st.Lock(name)
+	if isSem(raw) {
+		return m.renewSem(st, now, name, raw, token)
+	}
+	r, ok, err := decode(name, raw)
 	if err != nil {
 		return 0, err
 	}
@@ -246,7 +262,11 @@ func (m *Manager) Renew(st Store, now time.Duration, name string, token fence.To
 // at once, with no lock-delay. It reports nil or fence.CodeNotHolder /
 // fence.CodeLeaseExpired, and on refusal changes nothing.
 func (m *Manager) Release(st Store, now time.Duration, name string, token fence.Token) error {
-	r, ok, err := load(st, name)
+	raw := st.Lock(name)
+	if isSem(raw) {
+		return m.releaseSem(st, now, name, raw, token)
+	}
+	r, ok, err := decode(name, raw)
 	if err != nil {
 		return err
 	}
@@ -271,7 +291,11 @@ func (m *Manager) Release(st Store, now time.Duration, name string, token fence.
 // lease's record tells its late holder lease_expired rather than
 // not_holder.
 func (m *Manager) Expire(st Store, now time.Duration, name string) (freed, changed bool, err error) {
-	r, ok, err := load(st, name)
+	raw := st.Lock(name)
+	if isSem(raw) {
+		return m.expireSem(st, now, name, raw)
+	}
+	r, ok, err := decode(name, raw)
 	if err != nil || !ok {
 		m.unsetDue(name)
 		return false, false, err
@@ -324,9 +348,15 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 	type change struct {
 		name string
 		rec  Record
+		sem  *semRecord
 	}
 	var changes []change
-	err := each(st, func(name string, r Record) {
+	err := each(st, func(name string, r Record, s *semRecord) {
+		if s != nil {
+			rearmSem(s, now)
+			changes = append(changes, change{name: name, sem: s})
+			return
+		}
 		switch {
 		case !r.Expired:
 			r.Deadline = now + r.TTL
@@ -335,13 +365,20 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 		default:
 			r.ForgetAt = now + Retention
 		}
-		changes = append(changes, change{name, r})
+		changes = append(changes, change{name: name, rec: r})
 	})
 	if err != nil {
 		return err
 	}
 	m.reset()
 	for _, c := range changes {
+		if c.sem != nil {
+			if err := m.saveSem(st, c.name, c.sem); err != nil {
+				return err
+			}
+			m.addHeld(c.sem.live())
+			continue
+		}
 		if err := store(st, c.name, &c.rec); err != nil {
 			return err
 		}
@@ -355,19 +392,35 @@ func (m *Manager) Rearm(st Store, now time.Duration) error {
 // restored, before it applies anything.
 func (m *Manager) Load(st Store) error {
 	m.reset()
-	return each(st, func(name string, r Record) { m.index(name, &r) })
+	return each(st, func(name string, r Record, s *semRecord) {
+		if s != nil {
+			m.indexSem(name, s)
+		} else {
+			m.index(name, &r)
+		}
+	})
 }
 
-// each calls fn for every lock record, in name order.
-func each(st Store, fn func(name string, r Record)) error {
+// each calls fn for every lock record, in name order: a plain lock's r,
+// or a semaphore's s.
+func each(st Store, fn func(name string, r Record, s *semRecord)) error {
 	var bad error
 	st.Locks(nil, nil, func(name, raw []byte) bool {
+		if isSem(raw) {
+			s, err := loadSem(string(name), raw)
+			if err != nil {
+				bad = err
+				return false
+			}
+			fn(string(name), Record{}, &s)
+			return true
+		}
 		r, err := unmarshal(raw)
 		if err != nil {
 			bad = fmt.Errorf("lock %q: %w", name, err)
 			return false
 		}
-		fn(string(name), r)
+		fn(string(name), r, nil)
 		return true
 	})
 	return bad
@@ -394,7 +447,15 @@ func (m *Manager) index(name string, r *Record) {
 }
 
 // Lease returns the lock's record as stored, and whether there is one.
-func (m *Manager) Lease(st Store, name string) (Record, bool, error) { return load(st, name) }
+// A semaphore's record is reported as none (its permits are described by
+// Info).
+func (m *Manager) Lease(st Store, name string) (Record, bool, error) {
+	raw := st.Lock(name)
+	if isSem(raw) {
+		return Record{}, false, nil
+	}
+	return decode(name, raw)
+}
 
 // Info describes the lock name at now, as of the last applied command. A
 // lease whose deadline has passed is reported held (TTL 0) until its
@@ -405,7 +466,15 @@ func (m *Manager) Lease(st Store, name string) (Record, bool, error) { return lo
 // within milliseconds. Info reads only, so it may run in a read-only
 // transaction concurrently with the batch leader.
 func (m *Manager) Info(st Store, now time.Duration, name string) (Info, error) {
-	r, ok, err := load(st, name)
+	raw := st.Lock(name)
+	if isSem(raw) {
+		s, err := loadSem(name, raw)
+		if err != nil {
+			return Info{}, err
+		}
+		return m.infoSem(name, &s, now), nil
+	}
+	r, ok, err := decode(name, raw)
 	if err != nil {
 		return Info{}, err
 	}
@@ -438,6 +507,13 @@ const minDelayLeft = time.Millisecond
 // lock-delay that ended. (A lock-delay with exactly minDelayLeft left
 // counts too; applying what is due then changes nothing.)
 func (in Info) ExpiryPending() bool {
+	if in.Sem != nil {
+		for _, h := range in.Sem.Holders {
+			if h.TTL <= 0 {
+				return true
+			}
+		}
+	}
 	return in.Held && in.TTL <= 0 || !in.Held && in.Delay > 0 && in.Delay <= minDelayLeft
 }
 
@@ -449,6 +525,27 @@ func (in Info) ExpiryPending() bool {
 func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit, maxBytes int) (out []Info, more bool, err error) {
 	size := 0
 	st.Locks([]byte(prefix), []byte(start), func(name, raw []byte) bool {
+		if isSem(raw) {
+			s, e := loadSem(string(name), raw)
+			if e != nil {
+				err = e
+				return false
+			}
+			if s.live() == 0 {
+				return true
+			}
+			n := len(name)
+			for _, p := range s.Permits {
+				n += len(p.Holder)
+			}
+			if len(out) == limit || (len(out) > 0 && size+n > maxBytes) {
+				more = true
+				return false
+			}
+			size += n
+			out = append(out, m.infoSem(string(name), &s, now))
+			return true
+		}
 		r, e := unmarshal(raw)
 		if e != nil {
 			err = fmt.Errorf("lock %q: %w", name, e)

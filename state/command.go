@@ -127,16 +127,38 @@ type Result struct {
 const (
 	encodingV1 = 0x81 // commands with Term; OpRearm
 	encodingV2 = 0x82 // commands with a txn's Compares and Ops; OpTxn
+	encodingV3 = 0x83 // commands with Lease.Limit (semaphores, state/semaphore.go)
 )
 
 // AppendBatchHeader starts the encoding of a batch (the single node's
-// log appends commands to it one by one, with AppendCommand).
+// log appends commands to it one by one, with AppendCommand). A batch
+// starts at version 2; the first command that needs version 3 (a
+// semaphore acquire, Lease.Limit > 1) moves it to version 3 (AppendCommand),
+// so that a batch without one is exactly what a binary without semaphores
+// writes and reads (state/semaphore.go).
 func AppendBatchHeader(b []byte) []byte { return append(b, encodingV2) }
 
-// AppendCommand appends c's binary encoding (version 1) to b. Every field
-// is written, so that replay applies exactly the command that was applied
-// before.
+// AppendCommand appends c's binary encoding to the batch b (which starts
+// with AppendBatchHeader's version byte, at b[0]; an empty b gets one), at the batch's version,
+// first re-encoding the batch at version 3 if c needs it (needsV3). Every
+// field is written, so that replay applies exactly the command that was
+// applied before (at version 2 a limit of 1 is not written: 0 and 1 both
+// mean a plain lock).
 func AppendCommand(b []byte, c *Command) []byte {
+	if len(b) == 0 {
+		b = AppendBatchHeader(b)
+	}
+	if b[0] == encodingV3 {
+		return appendCommand(b, c, 3)
+	}
+	if needsV3(c) {
+		return appendCommand(upgradeV3(b), c, 3)
+	}
+	return appendCommand(b, c, 2)
+}
+
+// appendCommand appends c's encoding at version (2 or 3) to b.
+func appendCommand(b []byte, c *Command, version int) []byte {
 	b = append(b, byte(c.Op))
 	b = binary.AppendVarint(b, int64(c.Now))
 	b = binary.AppendUvarint(b, c.Term)
@@ -156,6 +178,9 @@ func AppendCommand(b []byte, c *Command) []byte {
 	b = appendBytes(b, []byte(c.Lease.Holder))
 	b = binary.AppendVarint(b, int64(c.Lease.LockDelay))
 	b = binary.AppendUvarint(b, uint64(c.Token))
+	if version >= 3 {
+		b = binary.AppendUvarint(b, uint64(c.Lease.Limit))
+	}
 	b = binary.AppendUvarint(b, uint64(len(c.Compares)))
 	for _, cmp := range c.Compares {
 		b = appendBytes(b, cmp.Key)
@@ -202,6 +227,8 @@ func EachCommand(b []byte, fn func(*Command) error) error {
 		version, b = 1, b[1:]
 	case v == encodingV2:
 		version, b = 2, b[1:]
+	case v == encodingV3:
+		version, b = 3, b[1:]
 	case v >= byte(OpPut) && v <= byte(OpExpire):
 		// version 0: no version byte
 	default:
@@ -252,6 +279,13 @@ func readCommand(b []byte, version int) (Command, []byte, error) {
 	c.Lease.Holder = string(r.bytes())
 	c.Lease.LockDelay = time.Duration(r.varint())
 	c.Token = Token(r.uvarint())
+	if version >= 3 {
+		if l := r.uvarint(); l <= maxLimit {
+			c.Lease.Limit = int(l)
+		} else {
+			r.bad = true
+		}
+	}
 	if version >= 2 {
 		if n := r.uvarint(); n > 0 && n <= uint64(len(r.b)) {
 			c.Compares = make([]Compare, n)

@@ -21,6 +21,7 @@ var sampleCommands = []Command{
 	{Op: OpRelease, Lease: lease.Request{Name: "lock"}, Token: 3},
 	{Op: OpExpire, Now: time.Hour, Term: 9, Lease: lease.Request{Name: "lock"}},
 	{Op: OpRearm, Now: time.Minute, Term: 1 << 40},
+	{Op: OpAcquire, Lease: lease.Request{Name: "sem", TTL: time.Second, Limit: 3}}, // v3: a semaphore
 	{Op: OpTxn, Write: kv.Write{Token: 9}, Lock: "L",
 		Compares: []Compare{{Key: []byte("a"), Revision: 3}, {Key: []byte("b")}},
 		Ops:      []TxnOp{{Op: OpPut, Key: []byte("a"), Value: []byte("x")}, {Op: OpDelete, Key: []byte("b")}, {Op: OpIncr, Key: []byte("n"), Delta: -2}}},
@@ -41,8 +42,8 @@ func TestCommandEncoding(t *testing.T) {
 			t.Fatalf("command %d = %+v; want %+v", i, got[i], want)
 		}
 	}
-	for _, bad := range [][]byte{{}, {0}, {byte(OpTxn + 1), 0}, AppendCommand(nil, &sampleCommands[0])[:5]} {
-		if _, _, err := readCommand(bad, 2); err == nil {
+	for _, bad := range [][]byte{{}, {0}, {byte(OpTxn + 1), 0}, appendCommand(nil, &sampleCommands[0], 3)[:5]} {
+		if _, _, err := readCommand(bad, 3); err == nil {
 			t.Errorf("readCommand(%x) = nil error; want errBadCommand", bad)
 		}
 	}
@@ -65,7 +66,7 @@ func TestCommandVersions(t *testing.T) {
 	if _, err := DecodeBatch(appendCommandV0(nil, &Command{Op: OpRearm})); err == nil {
 		t.Error("a version 0 rearm decoded; want an error")
 	}
-	for _, v := range []byte{0x83, 0xff, 0x10} {
+	for _, v := range []byte{0x84, 0xff, 0x10} { // 0x84: a future version
 		_, err := DecodeBatch(append([]byte{v}, EncodeBatch(sampleCommands)[1:]...))
 		if !errors.Is(err, ErrVersion) {
 			t.Errorf("version byte 0x%02x: err = %v; want ErrVersion", v, err)
@@ -75,7 +76,7 @@ func TestCommandVersions(t *testing.T) {
 
 // appendCommandV0 is the encoding of fencekv 0.1.0's log, before versions.
 func appendCommandV0(b []byte, c *Command) []byte {
-	v1 := AppendCommand(nil, c)
+	v1 := appendCommand(nil, c, 2)
 	v1 = v1[:len(v1)-2] // version 2 added two counts (compares, ops) at the end
 	// Version 1 is version 0 with Term after Now.
 	_, n := binary.Varint(v1[1:])
@@ -88,20 +89,20 @@ func appendCommandV0(b []byte, c *Command) []byte {
 // accepts encodes back to the bytes it read.
 func FuzzReadCommand(f *testing.F) {
 	for i := range sampleCommands {
-		f.Add(AppendCommand(nil, &sampleCommands[i]))
+		f.Add(appendCommand(nil, &sampleCommands[i], 3))
 	}
 	f.Add([]byte{1, 0, 0xff, 0xff, 0xff, 0xff, 0x0f})
 	f.Fuzz(func(t *testing.T, b []byte) {
-		c, rest, err := readCommand(b, 2)
+		c, rest, err := readCommand(b, 3)
 		if err != nil {
 			return
 		}
 		used := b[:len(b)-len(rest)]
-		if again := AppendCommand(nil, &c); string(again) != string(used) {
+		if again := appendCommand(nil, &c, 3); string(again) != string(used) {
 			// Varints have one shortest form; longer forms decode but
 			// re-encode shorter. Equality of the decoded command is what
 			// matters.
-			c2, _, err := readCommand(again, 2)
+			c2, _, err := readCommand(again, 3)
 			if err != nil || !reflect.DeepEqual(normal(c2), normal(c)) {
 				t.Fatalf("re-encoding %+v gave %+v, %v", c, c2, err)
 			}

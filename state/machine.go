@@ -257,6 +257,7 @@ func (m *Machine) apply(tx *kv.Tx, c *Command) (r Result) {
 		if r.Err == nil {
 			m.noteGrant(r.Grant.Token, c.Lease.Name, c.Lease.Holder)
 			m.granted.Add(1)
+			r.Freed = r.Grant.Free > 0 // a semaphore with permits left: hand them to waiters
 		}
 	case OpRenew:
 		r.TTL, r.Err = leases.Renew(tx, c.Now, c.Lease.Name, c.Token)

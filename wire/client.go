@@ -928,7 +928,7 @@ func (c *Client) acquireOnce(ctx context.Context, name string, ttl time.Duration
 	}}
 	write := func(p params) error {
 		n := 2
-		for _, set := range []bool{ao.Holder != "", ao.Wait > 0, ao.LockDelay > 0} {
+		for _, set := range []bool{ao.Holder != "", ao.Wait > 0, ao.LockDelay > 0, ao.Limit != 0} {
 			if set {
 				n++
 			}
@@ -944,6 +944,9 @@ func (c *Client) acquireOnce(ctx context.Context, name string, ttl time.Duration
 		}
 		if ao.LockDelay > 0 {
 			p.int("lock_delay_ms", ao.LockDelay.Milliseconds())
+		}
+		if ao.Limit != 0 {
+			p.int("limit", int64(ao.Limit)) // a semaphore (semaphore.go)
 		}
 		return nil
 	}
@@ -1029,6 +1032,8 @@ func decodeLock(dec *msgpack.Decoder, in *fencekv.LockInfo) error {
 		case "lock_delay_ms":
 			ms, err = dec.DecodeInt64()
 			in.Delay = time.Duration(ms) * time.Millisecond
+		case "limit", "holders":
+			err = decodeSem(dec, k, in) // semaphore.go
 		default:
 			err = dec.Skip()
 		}

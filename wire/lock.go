@@ -215,14 +215,15 @@ func (c *Client) findGrant(ctx context.Context, name string, ttl time.Duration, 
 	}) != nil {
 		return fencekv.Lease{}, err
 	}
-	if !in.Held || in.Holder != holder {
+	token, held := heldBy(in, holder) // a semaphore's permits too (semaphore.go)
+	if !held {
 		return fencekv.Lease{}, err
 	}
 	if ctx.Err() != nil {
-		c.release(context.WithoutCancel(ctx), name, in.Token, timeout)
+		c.release(context.WithoutCancel(ctx), name, token, timeout)
 		return fencekv.Lease{}, err
 	}
-	return fencekv.Lease{Name: name, Token: in.Token, TTL: ttl}, nil
+	return fencekv.Lease{Name: name, Token: token, TTL: ttl}, nil
 }
 
 // release releases the lease within timeout, trying again while it fails

@@ -226,12 +226,17 @@ func acquire(ctx context.Context, eng Engine, a *args, e *encoder) error {
 	if err := need(a, fLock, fTTL); err != nil {
 		return err
 	}
+	limit, err := acquireLimit(a) // semaphore.go
+	if err != nil {
+		return err
+	}
 	// The options go to the engine by pointer, through an interface, so
 	// they live on the heap: in a, which does already.
 	a.acquireOpts = fencekv.AcquireOptions{
 		Holder:    a.holder,
 		Wait:      ms(a.waitMs),
 		LockDelay: ms(a.delayMs),
+		Limit:     limit,
 	}
 	l, err := eng.Acquire(ctx, a.lock, ms(a.ttlMs), &a.acquireOpts)
 	auditAcquire(ctx, a, l, err)
@@ -301,7 +306,7 @@ func lockInfo(ctx context.Context, eng Engine, a *args, e *encoder) error {
 }
 
 func (e *encoder) lockMap(in fencekv.LockInfo, withName bool) {
-	n := 6
+	n := 6 + semFields(&in) // semaphore.go
 	if withName {
 		n++
 		e.EncodeMapLen(n)
@@ -315,6 +320,7 @@ func (e *encoder) lockMap(in fencekv.LockInfo, withName bool) {
 	e.int("ttl_ms", toMs(in.TTL))
 	e.int("waiters", int64(in.Waiters))
 	e.int("lock_delay_ms", toMs(in.Delay))
+	e.semaphore(&in)
 }
 
 func locks(ctx context.Context, eng Engine, a *args, e *encoder) error {

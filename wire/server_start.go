@@ -98,7 +98,11 @@ func startAcquire(a *args) (state.Command, fencekv.WriteOptions, func(*encoder, 
 	if err := need(a, fLock, fTTL); err != nil {
 		return state.Command{}, fencekv.WriteOptions{}, nil, err
 	}
-	c := state.Command{Op: state.OpAcquire, Lease: state.LeaseRequest{Name: a.lock, TTL: ms(a.ttlMs), Holder: a.holder, LockDelay: ms(a.delayMs)}}
+	limit, err := acquireLimit(a) // semaphore.go
+	if err != nil {
+		return state.Command{}, fencekv.WriteOptions{}, nil, err
+	}
+	c := state.Command{Op: state.OpAcquire, Lease: state.LeaseRequest{Name: a.lock, TTL: ms(a.ttlMs), Holder: a.holder, LockDelay: ms(a.delayMs), Limit: limit}}
 	return c, fencekv.WriteOptions{}, func(e *encoder, _ *args, r state.Result) {
 		e.granted(r.Grant.Token, r.Grant.TTL)
 	}, nil

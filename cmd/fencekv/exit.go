@@ -13,7 +13,7 @@ import (
 const (
 	exitOK        = 0
 	exitError     = 1 // the server or the connection failed
-	exitUsage     = 2 // bad arguments, bad_request, too_large, unknown_method, TLS settings that do not match the server's
+	exitUsage     = 2 // bad arguments, bad_request, too_large, unknown_method, limit_mismatch, TLS settings that do not match the server's
 	exitFenced    = 3 // stale_token, not_holder, lease_expired; run-locked lost its lease
 	exitLockHeld  = 4 // lock_held, or a wait ran out
 	exitCondition = 5 // compare_failed, not_integer
@@ -62,7 +62,7 @@ func exitCode(err error) int {
 			return exitLockHeld
 		case fencekv.CodeCompareFailed, fencekv.CodeNotInteger:
 			return exitCondition
-		case fencekv.CodeBadRequest, fencekv.CodeTooLarge, fencekv.CodeUnknownMethod:
+		case fencekv.CodeBadRequest, fencekv.CodeTooLarge, fencekv.CodeUnknownMethod, fencekv.CodeLimitMismatch:
 			return exitUsage
 		case fencekv.CodeUnauthenticated:
 			return exitUnauthenticated

@@ -23,7 +23,7 @@ func runLockedCommand() *cli.Command {
 		Name:      "run-locked",
 		Usage:     "run a command while holding a lock (like flock(1), distributed)",
 		ArgsUsage: "NAME -- COMMAND [ARGS...]",
-		UsageText: `fencekv run-locked NAME [--ttl 10s] [--wait 30s] [--grace 3s] [--lock-delay D] [--lost-status 3] -- COMMAND [ARGS...]
+		UsageText: `fencekv run-locked NAME [--ttl 10s] [--wait 30s] [--grace 3s] [--lock-delay D] [--lost-status 3] [--limit N] -- COMMAND [ARGS...]
 
 Acquires NAME (queueing up to --wait), runs COMMAND with FENCEKV_TOKEN,
 FENCEKV_LOCK and FENCEKV_ADDR in its environment, and renews the lease while it
@@ -45,6 +45,10 @@ With --json, run-locked prints its report (or error) as one JSON object on
 stderr once the command has ended (stdout is the command's):
   {"command_status": C, "lease_lost": false, "lock": NAME, "status": S, "token": T}
 
+With --limit N, NAME is a semaphore: up to N run-locked commands run at once,
+each with a permit and token of its own, the others queue (first come, first
+served) for the next permit freed.
+
 The command should pass the token with its writes, so the store refuses them
 if it is ever too late:
   fencekv run-locked nightly-report --ttl 30s -- \
@@ -56,6 +60,7 @@ if it is ever too late:
 			&cli.DurationFlag{Name: "lock-delay", Usage: "after the lease runs out (not after a release), nobody may take the lock for this long: for commands that cannot fence their writes"},
 			&cli.IntFlag{Name: "lost-status", Value: exitFenced, Usage: "exit `STATUS` when the lease may have been lost and the command was stopped (1-255)"},
 			&cli.StringFlag{Name: "holder", Usage: "holder name shown by 'lock info' (default host:pid and a random suffix, which lets run-locked find a grant whose answer was lost)"},
+			limitFlag(), // semaphore.go
 		}),
 		Action: runLocked,
 	}
@@ -139,7 +144,7 @@ func runLocked(c *cli.Context) error {
 		return usagef("run-locked: --grace %v: want 0 or more, and shorter than --ttl (%v): on a lost lease the command gets SIGTERM --grace before the lease may run out", grace, ttl)
 	}
 	lo := &wire.LockOptions{
-		AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder, LockDelay: c.Duration("lock-delay")},
+		AcquireOptions: fencekv.AcquireOptions{Wait: c.Duration("wait"), Holder: holder, LockDelay: c.Duration("lock-delay"), Limit: c.Int("limit")},
 		// The command is told to stop grace before the lease may run
 		// out, so that by then it has stopped, SIGKILL included.
 		Margin: grace,
