@@ -8,7 +8,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"os"
 	"slices"
 	"strconv"
 	"strings"
@@ -80,11 +79,11 @@ var memberStates = []string{"alive", "suspect", "dead", "left", "unknown"}
 //
 //   - its status: it is the leader, or a follower of the one leader every
 //     node names;
-//   - wire members: the raft configuration is voters exactly (each a voter,
-//     no non-voter left over), each alive by gossip, the one leader the
-//     leader; any other node listed is not alive and not in raft;
-//   - /metrics: fencekv_cluster_voters is len(voters) alive and 0 in every
-//     other state, fencekv_cluster_members alive is the running nodes,
+//   - wire members: it lists voters exactly, the raft configuration is
+//     voters (each a voter, no non-voter left over), each alive by
+//     gossip, the one leader the leader; a node removed is not listed;
+//   - /metrics: fencekv_cluster_voters and fencekv_cluster_members are
+//     len(voters) alive and 0 in every other state,
 //     fencekv_cluster_has_leader is 1.
 //
 // Every running node must be one of voters.
@@ -141,8 +140,8 @@ func (c *Cluster) CheckMembers(voters []*Node) error {
 				return fmt.Errorf("%s lists %s as %s, but %s leads", nd.Name, m.Node, m.RaftRole, leader)
 			case !want[m.Node] && inRaft:
 				return fmt.Errorf("%s still has %s in raft (voter %v, %s)", nd.Name, m.Node, m.Voter, m.State)
-			case !want[m.Node] && m.State == "alive":
-				return fmt.Errorf("%s lists %s, not a voter, as alive", nd.Name, m.Node)
+			case !want[m.Node]:
+				return fmt.Errorf("%s lists %s (%s), not in raft", nd.Name, m.Node, m.State)
 			}
 			seen[m.Node] = true
 		}
@@ -164,8 +163,14 @@ func (c *Cluster) CheckMembers(voters []*Node) error {
 				return fmt.Errorf("%s /metrics: fencekv_cluster_voters{state=%q} is %v (exposed %v), want %d", nd.Name, s, g, ok, wantVoters)
 			}
 		}
-		if g := mt[`fencekv_cluster_members{state="alive"}`]; int(g) != running {
-			return fmt.Errorf("%s /metrics: fencekv_cluster_members{state=\"alive\"} is %v, want %d", nd.Name, g, running)
+		for _, s := range memberStates {
+			wantMembers := 0
+			if s == "alive" {
+				wantMembers = running
+			}
+			if g, ok := mt[`fencekv_cluster_members{state="`+s+`"}`]; !ok || int(g) != wantMembers {
+				return fmt.Errorf("%s /metrics: fencekv_cluster_members{state=%q} is %v (exposed %v), want %d", nd.Name, s, g, ok, wantMembers)
+			}
 		}
 		if g, ok := mt["fencekv_cluster_has_leader"]; ok && g != 1 {
 			return fmt.Errorf("%s /metrics: fencekv_cluster_has_leader is %v", nd.Name, g)
@@ -190,9 +195,9 @@ func (c *Cluster) WaitMembers(tb testing.TB, voters []*Node, within time.Duratio
 		if err == nil {
 			return time.Since(began)
 		}
-		if os.Getenv("DEBUGM") != "" && err.Error() != last {
+		if err.Error() != last { // each new difference, as it settles
 			last = err.Error()
-			tb.Logf("%v: %v", time.Since(began), err)
+			tb.Logf("clustertest: at %v: %v", time.Since(began).Round(time.Millisecond), err)
 		}
 		if time.Now().After(deadline) {
 			tb.Fatalf("clustertest: the members do not agree on voters %v within %v: %v", names(voters), within, err)
