@@ -42,7 +42,7 @@ import (
 
 // memberReapAfter is the nodes' --reap-after: a dead voter is removed
 // this long after gossip found it dead.
-const memberReapAfter = "2s"
+const memberReapAfter = "1s"
 
 // memberSettle bounds the wait for the members to agree after a step:
 // gossip finds a killed node dead within seconds (its suspicion timeout
