@@ -328,11 +328,22 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 		return fencekv.Lease{}, n.lockHeld(name)
 	case <-ctx.Done():
 		if !n.m.Cancel(w) {
+			// A hand-off took it from the queue: its outcome is the
+			// answer's, not "not applied".
 			<-w.Done()
-			if w.Err == nil {
+			var fe *fencekv.Error
+			switch {
+			case w.Err == nil:
 				// Nobody will use this grant: give the lock to the next.
-				_, _ = n.propose(context.Background(), state.Command{Op: state.OpRelease,
+				_, err := n.propose(context.Background(), state.Command{Op: state.OpRelease,
 					Lease: state.LeaseRequest{Name: name}, Token: w.Grant.Token})
+				msg := "the wait was cut short as the lock was granted; the grant was released again"
+				if err != nil {
+					msg = "the wait was cut short as the lock was granted; releasing the grant failed: " + err.Error()
+				}
+				return fencekv.Lease{}, &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown, Message: msg}
+			case errors.As(w.Err, &fe) && fe.Outcome == fencekv.OutcomeUnknown:
+				return fencekv.Lease{}, w.Err
 			}
 		}
 		return fencekv.Lease{}, ctx.Err()

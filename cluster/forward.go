@@ -102,11 +102,20 @@ func (f *forwarder) close() {
 // forwardError turns a failure to reach the leader into unavailable;
 // write says the request may have been applied before the connection
 // broke, unless it was never sent (a *wire.ConnError without an outcome:
-// the forwarder could not dial the leader again).
+// the forwarder could not dial the leader again). A write cut short here
+// (its context ended: a shutdown, the client gone, a deadline) while the
+// leader had it may still be applied there: its outcome is unknown too.
 func (f *forwarder) forwardError(c *wire.Client, err error, write bool) error {
 	var fe *fencekv.Error
-	if errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+	if errors.As(err, &fe) {
 		return err
+	}
+	if errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		if !write {
+			return err
+		}
+		return &fencekv.Error{Code: fencekv.CodeUnavailable, Outcome: fencekv.OutcomeUnknown,
+			Message: "cut short while the leader had the request (" + err.Error() + "): it may still be applied"}
 	}
 	f.broken(c)
 	var ce *wire.ConnError

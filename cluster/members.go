@@ -461,6 +461,12 @@ func (n *Node) Members(ctx context.Context) ([]fencekv.Member, error) {
 	var out []fencekv.Member
 	index := map[string]int{}
 	_, leader := n.raft.LeaderWithID()
+	var servers []raft.Server
+	f := n.raft.GetConfiguration()
+	known := f.Error() == nil
+	if known {
+		servers = f.Configuration().Servers
+	}
 	for _, node := range n.ml.Members() {
 		m, _ := n.mdel.meta(node.Name)
 		index[node.Name] = len(out)
@@ -468,6 +474,12 @@ func (n *Node) Members(ctx context.Context) ([]fencekv.Member, error) {
 	}
 	n.mdel.mu.Lock()
 	for name, m := range n.mdel.all {
+		// A node gossip has found gone is a member while raft has it;
+		// once reaped, it is not (else each node that saw it would list
+		// it for good, and one that joined later not at all).
+		if known && !slices.ContainsFunc(servers, func(s raft.Server) bool { return string(s.ID) == name }) {
+			continue
+		}
 		if _, ok := index[name]; !ok {
 			state := "dead"
 			if g, ok := n.mdel.gone[name]; ok {
@@ -478,8 +490,8 @@ func (n *Node) Members(ctx context.Context) ([]fencekv.Member, error) {
 		}
 	}
 	n.mdel.mu.Unlock()
-	if f := n.raft.GetConfiguration(); f.Error() == nil {
-		for _, s := range f.Configuration().Servers {
+	if known {
+		for _, s := range servers {
 			i, ok := index[string(s.ID)]
 			if !ok {
 				i = len(out)

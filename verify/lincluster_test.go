@@ -44,15 +44,33 @@ import (
 )
 
 // clusterTarget is a cluster's nodes as a linTarget: a client dials a
-// random running node.
+// random node of its list (a node added during the run joins the list:
+// add).
 type clusterTarget struct {
-	c *clustertest.Cluster
+	mu    sync.Mutex
+	nodes []*clustertest.Node
 }
 
-func (ct clusterTarget) dial(ctx context.Context, rng *rand.Rand) (*wire.Client, error) {
+func newClusterTarget(c *clustertest.Cluster) *clusterTarget {
+	return &clusterTarget{nodes: append([]*clustertest.Node(nil), c.Nodes...)}
+}
+
+// add lets clients dial nd too.
+func (ct *clusterTarget) add(nd *clustertest.Node) {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	ct.nodes = append(ct.nodes, nd)
+}
+
+func (ct *clusterTarget) pick(rng *rand.Rand) *clustertest.Node {
+	ct.mu.Lock()
+	defer ct.mu.Unlock()
+	return ct.nodes[rng.IntN(len(ct.nodes))]
+}
+
+func (ct *clusterTarget) dial(ctx context.Context, rng *rand.Rand) (*wire.Client, error) {
 	for {
-		nodes := ct.c.Nodes
-		nd := nodes[rng.IntN(len(nodes))]
+		nd := ct.pick(rng)
 		dctx, cancel := context.WithTimeout(ctx, time.Second)
 		cl, err := wire.Dial(dctx, nd.Client)
 		cancel()
@@ -207,39 +225,75 @@ type termWatch struct {
 	max     uint64
 	nodes   int
 	last    map[string]int64 // per node: when its last answered poll began
+	gone    map[string]bool  // nodes no longer watched (forget)
 	windows [][2]int64
 }
 
 // watchTerms polls every node's term until the run's clients stop.
 func watchTerms(r *linRun, c *clustertest.Cluster, wg *sync.WaitGroup) *termWatch {
-	tw := &termWatch{nodes: len(c.Nodes), last: map[string]int64{}}
+	tw := &termWatch{last: map[string]int64{}, gone: map[string]bool{}}
 	for _, nd := range c.Nodes {
-		wg.Go(func() {
-			cl, err := wire.Dial(r.ctx, nd.Client)
-			if err != nil {
+		tw.watch(r, nd, wg)
+	}
+	return tw
+}
+
+// watch polls nd's term too, until the run's clients stop.
+func (tw *termWatch) watch(r *linRun, nd *clustertest.Node, wg *sync.WaitGroup) {
+	tw.mu.Lock()
+	tw.nodes++
+	tw.mu.Unlock()
+	wg.Go(func() {
+		// A node just started may not listen yet: dial until it does.
+		var cl *wire.Client
+		deadline := time.Now().Add(startTimeout)
+		for {
+			ctx, cancel := context.WithTimeout(r.ctx, time.Second)
+			c, err := wire.Dial(ctx, nd.Client)
+			cancel()
+			if err == nil {
+				cl = c
+				break
+			}
+			if r.done.Load() || r.ctx.Err() != nil {
+				return
+			}
+			if time.Now().After(deadline) {
 				r.t.Errorf("term watch: dial %s: %v", nd.Name, err)
 				return
 			}
-			defer cl.Close()
-			for !r.done.Load() {
-				began := r.now()
-				ctx, cancel := context.WithTimeout(r.ctx, 500*time.Millisecond)
-				term, err := cl.Term(ctx)
-				cancel()
-				if err == nil {
-					if from, rose := tw.saw(nd.Name, term, began); rose {
-						tw.add(from, tw.settle(r, cl))
-					}
-				}
-				select {
-				case <-r.ctx.Done():
-					return
-				case <-time.After(50 * time.Millisecond):
+			time.Sleep(50 * time.Millisecond)
+		}
+		defer cl.Close()
+		for !r.done.Load() {
+			began := r.now()
+			ctx, cancel := context.WithTimeout(r.ctx, 500*time.Millisecond)
+			term, err := cl.Term(ctx)
+			cancel()
+			if err == nil {
+				if from, rose := tw.saw(nd.Name, term, began); rose {
+					tw.add(from, tw.settle(r, cl))
 				}
 			}
-		})
+			select {
+			case <-r.ctx.Done():
+				return
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	})
+}
+
+// forget stops counting nd, a node gone for good (removed from the
+// cluster): its last answer no longer bounds when a new term began.
+func (tw *termWatch) forget(nd *clustertest.Node) {
+	tw.mu.Lock()
+	defer tw.mu.Unlock()
+	if !tw.gone[nd.Name] {
+		tw.gone[nd.Name] = true
+		tw.nodes--
+		delete(tw.last, nd.Name)
 	}
-	return tw
 }
 
 // saw records that node answered term to a poll begun at began. It
@@ -248,6 +302,9 @@ func watchTerms(r *linRun, c *clustertest.Cluster, wg *sync.WaitGroup) *termWatc
 func (tw *termWatch) saw(node string, term uint64, began int64) (from int64, rose bool) {
 	tw.mu.Lock()
 	defer tw.mu.Unlock()
+	if tw.gone[node] {
+		return 0, false
+	}
 	from = began
 	for _, t := range tw.last {
 		from = min(from, t)
@@ -304,7 +361,7 @@ type faultRec struct {
 func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
 	seed := testSeed(t)
 	c := clustertest.Start(t, fencekvBinary(t), 3, &clustertest.Options{Proxy: true})
-	r := &linRun{t: t, target: clusterTarget{c}, cluster: true, start: time.Now(), ops: newOpCounter()}
+	r := &linRun{t: t, target: newClusterTarget(c), cluster: true, start: time.Now(), ops: newOpCounter()}
 	r.ctx, r.cancel = context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	defer func() {
@@ -355,6 +412,20 @@ func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
 	r.done.Store(true)
 	wg.Wait()
 	c.WaitWritable(t, time.Minute)
+	var windows [][2]int64
+	for _, f := range faults {
+		windows = append(windows, [2]int64{f.start, f.end})
+	}
+	r.checkCluster(cfg, seed, faults, windows, terms, annotations)
+}
+
+// checkCluster ends a run against a cluster whose clients have stopped:
+// the last reads, and the checks of the history. The model may take a
+// lease as run out only across a stretch with none of windows (the
+// faults that may have moved the leadership) and no take-over the term
+// watch saw; tokens must rise across each of faults.
+func (r *linRun) checkCluster(cfg linClusterConfig, seed uint64, faults []faultRec, windows [][2]int64, terms *termWatch, annotations []porcupine.Annotation) {
+	t := r.t
 	history := r.finish(cfg.clients, seed)
 
 	r.mu.Lock()
@@ -367,12 +438,6 @@ func runLinearizableCluster(t *testing.T, cfg linClusterConfig) {
 		t.Logf("not applied: %s", s)
 	}
 	r.mu.Unlock()
-	// The model may take a lease as run out only across a stretch with
-	// no fault and no take-over (termWatch).
-	var windows [][2]int64
-	for _, f := range faults {
-		windows = append(windows, [2]int64{f.start, f.end})
-	}
 	changes := terms.seen()
 	windows = append(windows, changes...)
 	t.Logf("%d new terms seen", len(changes))
