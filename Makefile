@@ -95,7 +95,7 @@ fuzz:
 .PHONY: verify
 verify: build
 	bash verify/live.sh ./$(BIN) --rounds 100 --ttl 500ms --clients 4 --updates 400
-	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash' -count=1 -v -timeout 30m ./verify
+	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash|GrowFromOne' -count=1 -v -timeout 30m ./verify
 
 # `fencekv verify` against a 3-node cluster (every node's address, --addr
 # a,b,c) while the leader is killed with -9 and restarted, and paused with
