@@ -16,6 +16,9 @@ import (
 // have been lost: a renew was refused, or none succeeded in time.
 var ErrLeadershipLost = errors.New("fencekv: leadership lost")
 
+// ErrResigned is the cause of a Leadership's context after Resign.
+var ErrResigned = errors.New("fencekv: resigned")
+
 // MaxValue is the longest leader value: the lock holder's limit.
 const MaxValue = 4096
 
@@ -111,6 +114,12 @@ func CampaignWait(ctx context.Context, o *CampaignOptions) time.Duration {
 // the value must be 1 to MaxValue bytes, the margin shorter than the TTL.
 func CheckCampaign(name, value string, ttl time.Duration, o *CampaignOptions) error {
 	switch {
+	case name == "":
+		return &Error{Code: CodeBadRequest, Message: "election name: empty"}
+	case ttl <= 0:
+		return &Error{Code: CodeBadRequest, Message: fmt.Sprintf("election ttl %v: want above 0", ttl)}
+	case o != nil && o.Wait < 0:
+		return &Error{Code: CodeBadRequest, Message: fmt.Sprintf("election wait %v: want 0 (the default) or more", o.Wait)}
 	case value == "":
 		return &Error{Code: CodeBadRequest, Message: "election value: empty; each candidate needs a value of its own (its address, say)"}
 	case len(value) > MaxValue:
@@ -143,44 +152,17 @@ func (db *DB) Campaign(ctx context.Context, name, value string, ttl time.Duratio
 		}
 	}
 	// A queued grant's lease began at the grant: renew to know from when.
-	sent := time.Now()
+	sent := db.clock.Now()
 	if _, err := db.Renew(ctx, name, l.Token); err != nil {
 		db.Release(context.WithoutCancel(ctx), name, l.Token)
 		return nil, err
 	}
 	lctx, cancel := context.WithCancelCause(context.WithoutCancel(ctx))
-	margin := o.margin(ttl)
 	done := make(chan struct{})
 	resigned := make(chan struct{})
 	go func() {
 		defer close(done)
-		keep := ttl - margin
-		deadline := time.NewTimer(time.Until(sent.Add(keep)))
-		defer deadline.Stop()
-		tick := time.NewTicker(max(keep/3, time.Millisecond))
-		defer tick.Stop()
-		for {
-			select {
-			case <-resigned:
-				return
-			case <-deadline.C:
-				cancel(fmt.Errorf("%w: no renew of %q (epoch %d) within %v", ErrLeadershipLost, name, l.Token, keep))
-				return
-			case <-tick.C:
-				at := time.Now()
-				rctx, rcancel := context.WithDeadline(lctx, sent.Add(keep))
-				_, err := db.Renew(rctx, name, l.Token)
-				rcancel()
-				switch {
-				case err == nil:
-					sent = at
-					deadline.Reset(time.Until(sent.Add(keep)))
-				case errors.Is(err, ErrNotHolder), errors.Is(err, ErrLeaseExpired):
-					cancel(fmt.Errorf("%w: %w", ErrLeadershipLost, err))
-					return
-				}
-			}
-		}
+		db.keepLeading(lctx, cancel, l, sent, ttl-o.margin(ttl), resigned)
 	}()
 	var once sync.Once
 	var rerr error
@@ -191,20 +173,84 @@ func (db *DB) Campaign(ctx context.Context, name, value string, ttl time.Duratio
 	return NewLeadership(l, value, lctx, resign), nil
 }
 
+// keepLeading renews the leadership's lease l every third of keep (the
+// TTL less the margin), on the DB's clock, until resigned closes; it
+// cancels with ErrLeadershipLost when a renew is refused or keep passes
+// after the send time of the last renew that succeeded (sent). The renews
+// run one at a time in a goroutine of their own, so that a renew stuck in
+// a commit does not hold the deadline up; it has ended when keepLeading
+// returns.
+func (db *DB) keepLeading(lctx context.Context, cancel context.CancelCauseFunc, l Lease, sent time.Time, keep time.Duration, resigned <-chan struct{}) {
+	type renewed struct {
+		at  time.Time
+		err error
+	}
+	rctx, stopRenew := context.WithCancel(lctx)
+	var inflight chan renewed // nil when no renew is in flight
+	defer func() {
+		stopRenew()
+		if inflight != nil {
+			<-inflight
+		}
+	}()
+	every := max(keep/3, time.Millisecond)
+	next := db.clock.Now().Add(every) // when the next renew is due
+	for {
+		now := db.clock.Now()
+		left := sent.Add(keep).Sub(now)
+		if left <= 0 {
+			cancel(fmt.Errorf("%w: no renew of %q (epoch %d) succeeded within %v", ErrLeadershipLost, l.Name, l.Token, keep))
+			return
+		}
+		if inflight == nil && !now.Before(next) {
+			inflight = make(chan renewed, 1)
+			go func(at time.Time, ch chan<- renewed) {
+				_, err := db.Renew(rctx, l.Name, l.Token)
+				ch <- renewed{at, err}
+			}(now, inflight)
+			next = now.Add(every)
+		}
+		wait := left
+		if inflight == nil {
+			wait = min(wait, next.Sub(now))
+		}
+		t := db.clock.NewTimer(wait)
+		select {
+		case <-resigned:
+			t.Stop()
+			return
+		case <-t.C():
+		case r := <-inflight:
+			t.Stop()
+			inflight = nil
+			switch {
+			case r.err == nil:
+				sent = r.at
+			case errors.Is(r.err, ErrNotHolder), errors.Is(r.err, ErrLeaseExpired):
+				cancel(fmt.Errorf("%w: %w", ErrLeadershipLost, r.err))
+				return
+			default:
+				// Not a refusal (the store closing, say): try again soon.
+				if soon := db.clock.Now().Add(max(every/4, time.Millisecond)); soon.Before(next) {
+					next = soon
+				}
+			}
+		}
+	}
+}
+
 // resign ends a leadership of the engine: stops its renewing, then
 // releases the lock.
 func (db *DB) resign(rctx, lctx context.Context, cancel context.CancelCauseFunc, name string, token Token, resigned, done chan struct{}) error {
-	{
-		lost := lctx.Err() != nil
-		close(resigned)
-		<-done
-		cancel(errors.New("fencekv: resigned"))
-		err := db.Release(rctx, name, token)
-		if lost || errors.Is(err, ErrNotHolder) || errors.Is(err, ErrLeaseExpired) {
-			return nil
-		}
-		return err
+	close(resigned)
+	<-done
+	lost := lctx.Err() != nil
+	cancel(ErrResigned)
+	err := db.Release(rctx, name, token)
+	if lost || errors.Is(err, ErrNotHolder) || errors.Is(err, ErrLeaseExpired) {
+		return nil
 	}
+	return err
 }
 
 // Leader reads the election name once (a lock_info). A lease run out
@@ -242,6 +288,9 @@ func (db *DB) Observe(ctx context.Context, name string) (<-chan Leader, error) {
 func ObserveElection(ctx context.Context, name string,
 	watch func(ctx context.Context) (events <-chan []Event, stop func(), err error),
 	read func(ctx context.Context) (Leader, error)) (<-chan Leader, error) {
+	if name == "" {
+		return nil, &Error{Code: CodeBadRequest, Message: "election name: empty"}
+	}
 	events, stop, err := watch(ctx)
 	if err != nil {
 		return nil, err
@@ -341,7 +390,7 @@ func ObserveElection(ctx context.Context, name string,
 // (not of a lock or key that only starts with it).
 func touches(batch []Event, name string) bool {
 	for i := range batch {
-		if batch[i].Lock == name && batch[i].Key == nil {
+		if batch[i].Lock == name && len(batch[i].Key) == 0 {
 			return true
 		}
 	}

@@ -13,8 +13,8 @@ import (
 	"github.com/fencekv/fencekv"
 )
 
-// errResigned ends a leadership's WithLock when it is resigned.
-var errResigned = errors.New("wire: resigned")
+// errResigned ends a leadership's context when it is resigned.
+var errResigned = fencekv.ErrResigned
 
 // Campaign blocks until this client leads the election name with value,
 // or ctx ends (PROTOCOL.md §12). It acquires the lock name under the
