@@ -92,11 +92,9 @@ func (c *Client) campaignOnce(ctx context.Context, name, value string, ttl time.
 			}
 			// The leadership's context: ends on Resign, or with a cause
 			// matching ErrLeadershipLost (and ErrLeaseLost) on a loss.
+			// (Not an AfterFunc of lctx: its stop, deferred, could
+			// win the race with lctx's end and leave hctx running.)
 			hctx, cancel := context.WithCancelCause(context.WithoutCancel(lctx))
-			stop := context.AfterFunc(lctx, func() {
-				cancel(fmt.Errorf("%w: %w", fencekv.ErrLeadershipLost, context.Cause(lctx)))
-			})
-			defer stop()
 			var rerr error
 			res := func(rctx context.Context) error {
 				once.Do(func() {
@@ -116,6 +114,7 @@ func (c *Client) campaignOnce(ctx context.Context, name, value string, ttl time.
 			case <-lctx.Done():
 				// Lost: WithLock releases the lock if the server still
 				// holds it for this lease.
+				cancel(fmt.Errorf("%w: %w", fencekv.ErrLeadershipLost, context.Cause(lctx)))
 			}
 			return nil
 		})
