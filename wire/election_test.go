@@ -82,8 +82,10 @@ func TestElectionWireResign(t *testing.T) {
 		t.Fatalf("b's campaign returned while a leads: %+v", r)
 	default:
 	}
+	resignedAt := time.Now()
 	ok(t, a.Resign(ctx))
 	r := <-bc
+	t.Logf("resign -> the queued campaign leads (renewed): %v", time.Since(resignedAt))
 	ok(t, r.err)
 	if r.l.Token <= a.Token || r.l.Value != "b" {
 		t.Fatalf("b leads with epoch %d value %q; a had %d", r.l.Token, r.l.Value, a.Token)

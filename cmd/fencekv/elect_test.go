@@ -132,7 +132,9 @@ func TestElectHandOver(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { syscall.Kill(a.cmd.Process.Pid, syscall.SIGCONT) })
+	stoppedAt := time.Now()
 	bpid, bep := leaderChild(t, dir, "b", aep)
+	t.Logf("SIGSTOP of the leader (ttl 1s) -> the other's child leads: %v", time.Since(stoppedAt).Round(time.Millisecond))
 	waitFor(t, 10*time.Second, "b's first accepted write", func() bool { return statusSeen(t, dir, "b", bep, 0) })
 	waitFor(t, 10*time.Second, "a's child's write to be refused", func() bool { return statusSeen(t, dir, "a", aep, exitFenced) })
 	if a.exited() {
@@ -152,7 +154,9 @@ func TestElectHandOver(t *testing.T) {
 	if err := syscall.Kill(b.cmd.Process.Pid, syscall.SIGKILL); err != nil {
 		t.Fatal(err)
 	}
+	killedAt := time.Now()
 	_, aep2 := leaderChild(t, dir, "a", bep)
+	t.Logf("kill -9 of the leader (ttl 1s) -> the other's child leads: %v", time.Since(killedAt).Round(time.Millisecond))
 	waitFor(t, 10*time.Second, "b's child to be stopped", func() bool { return gone(bpid) })
 	waitFor(t, 10*time.Second, "a's accepted write in its new epoch", func() bool { return statusSeen(t, dir, "a", aep2, 0) })
 
