@@ -42,7 +42,7 @@ func run(args []string, stdin io.Reader, stdout, stderr io.Writer) int {
 	var ec cli.ExitCoder
 	switch {
 	case errors.As(err, &ec) && ec.Error() == "":
-	case jsonRequested(args) && commandName(args) == "run-locked":
+	case jsonRequested(args) && (commandName(args) == "run-locked" || commandName(args) == "elect"):
 		writeErrorJSON(stderr, err) // its stdout is its command's
 	case jsonRequested(args):
 		writeErrorJSON(stdout, err)
@@ -69,12 +69,12 @@ arguments, bad_request, too_large, TLS settings that do not match the
 server's); 3 refused by fencing (stale_token, not_holder, lease_expired); 4 lock held (lock_held, wait ran out); 5
 condition failed (compare_failed, not_integer); 6 key not found (get);
 7 verify found a broken guarantee, or check found damage; 8
-unauthenticated (no or wrong credentials); 9 permission_denied. run-locked
+unauthenticated (no or wrong credentials); 9 permission_denied. run-locked (and elect)
 exits with its command's status, or --lost-status (3) if the lease may
 have been lost.
 
 With --json, a command prints one JSON object on stdout: its result, or
-its error as {"error": CODE, "message": ...} (run-locked: on stderr).
+its error as {"error": CODE, "message": ...} (run-locked, elect: on stderr).
 
 Shell completion: fencekv completion bash|zsh|fish.`,
 		Reader:               stdin,
@@ -111,6 +111,8 @@ Shell completion: fencekv completion bash|zsh|fish.`,
 			scanCommand(),
 			lockCommand(),
 			runLockedCommand(),
+			electCommand(),
+			leaderCommand(),
 			versionCommand(),
 			verifyCommand(),
 			verifyClientCommand(),

@@ -157,11 +157,27 @@ func runLocked(c *cli.Context) error {
 	// own context governs. A signal while waiting ends the wait (the
 	// command does not start); from the start on, signals go to the
 	// command.
+	wctx, begin, stopWait := waitInterrupts(ctx)
+	defer stopWait()
+	err = cl.WithLock(wctx, name, c.Duration("ttl"), lo, func(lctx context.Context, l fencekv.Lease) error {
+		report["token"] = l.Token
+		if cause := begin(); cause != nil {
+			return cause // signalled as the lock was granted: released unused
+		}
+		return runChild(lctx, c, l, argv, sigs, grace)
+	})
+	return childResult(c, "run-locked", name, report, wctx, err, lostStatus)
+}
+
+// waitInterrupts is ctx, ended (with cause signalled) by SIGINT, SIGTERM
+// or SIGHUP until begin is called: a wait for a lock that a signal
+// interrupts. begin marks the start of the command (signals are the
+// command's from then on) and returns the cause if a signal came first;
+// stop releases what waitInterrupts holds.
+func waitInterrupts(ctx context.Context) (wctx context.Context, begin func() error, stop func()) {
 	wctx, stopWait := context.WithCancelCause(ctx)
-	defer stopWait(nil)
 	waitSigs := make(chan os.Signal, 1)
 	signal.Notify(waitSigs, syscall.SIGINT, syscall.SIGTERM, syscall.SIGHUP)
-	defer signal.Stop(waitSigs)
 	var smu sync.Mutex
 	started := false
 	go func() {
@@ -175,24 +191,31 @@ func runLocked(c *cli.Context) error {
 		case <-wctx.Done():
 		}
 	}()
-	err = cl.WithLock(wctx, name, c.Duration("ttl"), lo, func(lctx context.Context, l fencekv.Lease) error {
-		report["token"] = l.Token
+	begin = func() error {
 		smu.Lock()
 		started = true
 		signal.Stop(waitSigs)
 		smu.Unlock()
-		if cause := context.Cause(wctx); cause != nil {
-			return cause // signalled as the lock was granted: released unused
-		}
-		return runChild(lctx, c, l, argv, sigs, grace)
-	})
+		return context.Cause(wctx)
+	}
+	stop = func() {
+		stopWait(nil)
+		signal.Stop(waitSigs)
+	}
+	return wctx, begin, stop
+}
+
+// childResult reports how a command run under a lease (by run-locked or
+// elect, named by what) ended: err is what running it returned, wctx the
+// wait for the lease (see waitInterrupts).
+func childResult(c *cli.Context, what, name string, report map[string]any, wctx context.Context, err error, lostStatus int) error {
 	var ce *childExit
 	var sig signalled
 	switch {
 	case errors.As(context.Cause(wctx), &sig):
 		// The wait was interrupted; the command never ran.
 		report["status"] = 128 + int(sig.s)
-		err := fmt.Errorf("run-locked %s: %v while waiting for the lock; the command did not run", name, sig)
+		err := fmt.Errorf("%s %s: %v while waiting for the lock; the command did not run", what, name, sig)
 		if !c.Bool("json") {
 			fmt.Fprintf(c.App.ErrWriter, "fencekv: %v\n", err)
 			return statusError(128 + int(sig.s))
@@ -203,7 +226,7 @@ func runLocked(c *cli.Context) error {
 	case errors.As(err, &ce) && ce.lost != nil:
 		report["status"], report["lease_lost"] = lostStatus, true
 		if !c.Bool("json") {
-			fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked %s: %v\n", name, ce)
+			fmt.Fprintf(c.App.ErrWriter, "fencekv: %s %s: %v\n", what, name, ce)
 			return statusError(lostStatus)
 		}
 		report["command_status"] = ce.status
@@ -242,7 +265,8 @@ func runLockedResult(c *cli.Context, report map[string]any, err error) error {
 
 // runChild runs argv with the lease in its environment until it exits, or
 // until ctx ends because the lease may be lost; then it stops the child.
-func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration) error {
+// env is added to the command's environment.
+func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []string, sigs <-chan os.Signal, grace time.Duration, env ...string) error {
 	// Under a guard (guard.go): if run-locked dies, even by SIGKILL, the
 	// command's whole process group is stopped, so that a job never
 	// outlives the process that holds its lock.
@@ -269,6 +293,7 @@ func runChild(ctx context.Context, c *cli.Context, l fencekv.Lease, argv []strin
 	)
 	// The command's own fencekv calls reach the server the same way.
 	cmd.Env = append(cmd.Env, clientSecurityOf(c).env()...)
+	cmd.Env = append(cmd.Env, env...)
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(c.App.ErrWriter, "fencekv: run-locked: %v\n", err)
 		return &childExit{status: 127}

@@ -30,3 +30,4 @@ export * from "./errors.js";
 export { toMs } from "./util.js";
 export type { Bytes, Duration } from "./util.js";
 export * as sqlfence from "./sqlfence.js";
+export * as election from "./election.js";
