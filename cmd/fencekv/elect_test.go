@@ -258,3 +258,88 @@ func TestElectBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestElectServerFaults: two 'fencekv elect' on one server, and the
+// server fails under them: killed with -9 and restarted on its data (a
+// restart gives the leadership's lease its full TTL again, so the leader
+// renews through its next connection), then paused with SIGSTOP past the
+// TTL (the leader gives up by its own clock, and once the server runs
+// again the lease expires and the queue moves on). After each, someone
+// leads and writes; over the whole run the accepted writes, replayed from
+// the server's durable history, never go back to an older epoch, and each
+// carries its epoch as fence: never two leaders whose epochs are both
+// accepted out of order.
+func TestElectServerFaults(t *testing.T) {
+	t.Parallel()
+	s := startServer(t, t.TempDir())
+	dir := t.TempDir()
+	c := s.shell(t, "DIR="+dir, "FENCEKV_BIN="+bin)
+	const ttl = 2 * time.Second
+	a := c.start("elect", "e", "--value", "a", "--ttl", ttl.String(), "--", "sh", "-c", electChild)
+	_, aep := leaderChild(t, dir, "a", 0)
+	b := c.start("elect", "e", "--value", "b", "--ttl", ttl.String(), "--", "sh", "-c", electChild)
+	waitFor(t, 10*time.Second, "b to queue", func() bool {
+		return s.shell(t).jsonOK("lock", "info", "e")["waiters"] == float64(1)
+	})
+	waitFor(t, 10*time.Second, "a's first accepted write", func() bool { return statusSeen(t, dir, "a", aep, 0) })
+
+	// acceptedAfter waits for a write accepted (exit 0) in an epoch at or
+	// above min, by either candidate, and returns the highest epoch seen.
+	acceptedAfter := func(what string, min uint64) uint64 {
+		t.Helper()
+		var top uint64
+		waitFor(t, 30*time.Second, what, func() bool {
+			for _, v := range []string{"a", "b"} {
+				for _, line := range strings.Split(readFile(t, filepath.Join(dir, v+".status")), "\n") {
+					f := strings.Fields(line)
+					if len(f) != 2 || f[1] != "0" {
+						continue
+					}
+					if ep, err := strconv.ParseUint(f[0], 10, 64); err == nil && ep >= min && ep > top {
+						top = ep
+					}
+				}
+			}
+			return top >= min && top != 0
+		})
+		return top
+	}
+
+	// kill -9 of the server, restarted on its data at the same address.
+	before := readFile(t, filepath.Join(dir, "a.status"))
+	s.kill()
+	s = startServer(t, s.dir, "--listen", s.addr)
+	waitFor(t, 30*time.Second, "a write accepted after the restart", func() bool {
+		for _, v := range []string{"a", "b"} {
+			st := readFile(t, filepath.Join(dir, v+".status"))
+			if v == "a" {
+				st = strings.TrimPrefix(st, before)
+			}
+			if strings.Contains(st, " 0\n") {
+				return true
+			}
+		}
+		return false
+	})
+	top := acceptedAfter("a leader's write after the restart", aep)
+
+	// SIGSTOP of the server past the TTL.
+	s.signal(t, syscall.SIGSTOP)
+	time.Sleep(ttl + ttl/2) // the pause lasts past the TTL: the point of it
+	s.signal(t, syscall.SIGCONT)
+	next := acceptedAfter("a leader in a new epoch after the pause", top+1)
+	t.Logf("epochs: first %d, after the restart up to %d, after the pause %d", aep, top, next)
+
+	// The whole history of accepted writes, from revision 1.
+	hist := s.shell(t).start("watch", "hist/", "--from", "1", "--json")
+	waitFor(t, 10*time.Second, "the replay to reach the new epoch", func() bool {
+		return strings.Contains(hist.stdout.String(), fmt.Sprintf(`"fence":%d`, next))
+	})
+	epochs := checkHistory(t, hist.stdout.String())
+	if len(epochs) < 2 || epochs[0] != aep || epochs[len(epochs)-1] < next {
+		t.Fatalf("epochs of the accepted writes, in revision order: %v; want from %d up to at least %d", epochs, aep, next)
+	}
+	for _, p := range []*proc{a, b} {
+		syscall.Kill(p.cmd.Process.Pid, syscall.SIGTERM)
+	}
+}
