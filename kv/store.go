@@ -159,9 +159,6 @@ func Open(path string, opts Options) (*Store, error) {
 			NoFreelistSync: true,
 			FreelistType:   bolt.FreelistMapType,
 			NoSync:         opts.NoSync,
-			// Map the file with room to grow: each remap copies every
-			// value a write transaction holds and waits for the readers.
-			InitialMmapSize: initialMmapSize,
 		})
 		return err
 	})
