@@ -32,4 +32,6 @@
 //   - ops.go: readiness, raft's view for metrics, online backups, seeding
 //     a new cluster from a restored backup.
 //   - tls.go: raft's stream layer over mutual TLS.
+//   - stall.go: a node whose raft log write hangs or failed sends no
+//     appends, heartbeats or vote requests (diskGate), so the others lead.
 package cluster
