@@ -112,7 +112,7 @@ def test_C15_limit_mismatch_and_bad_limits(client: fencekv.Client) -> None:
 def test_C15_lock_helper_holds_a_permit(server: Server) -> None:
     """client.lock(..., limit=3): three helpers hold permits at once and keep
     them past their TTL by renewing; a fourth waits for the first to leave."""
-    ttl = 0.6
+    ttl = 1.0
     with fencekv.Client(server.addr) as c, fencekv.Client(server.addr) as d:
         leases = [c.lock("C15l", ttl=ttl, limit=3).acquire() for _ in range(3)]
         start = time.monotonic()

@@ -155,7 +155,7 @@ class SemaphoreTest {
 
     @Test
     void c15LockHelperHoldsAPermit() throws Exception {
-        Duration ttl = Duration.ofMillis(600);
+        Duration ttl = Duration.ofMillis(1000);
         try (FencekvClient d = FencekvClient.connect(shared.addr())) {
             List<Lease> leases = new ArrayList<>();
             for (int i = 0; i < 3; i++) leases.add(client.lock("c15/l", ttl, LockOptions.limit(3)));
