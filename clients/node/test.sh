@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Node client's tests: conformance scenarios C01-C14
+# The Node client's tests: conformance scenarios C01-C15
 # (clients/CONFORMANCE.md) against real fencekv servers built from this tree
 # (or $FENCEKV_BIN). Skips, exit 0, when node or npm is missing.
 set -euo pipefail

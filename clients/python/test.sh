@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The Python client's suite (clients/CONFORMANCE.md C01-C14, and fencekv.aio)
+# The Python client's suite (clients/CONFORMANCE.md C01-C15, and fencekv.aio)
 # against real `fencekv serve` processes built from this tree ($FENCEKV_BIN
 # if set).
 set -euo pipefail

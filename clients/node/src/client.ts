@@ -3,6 +3,7 @@
 
 import type * as tls from "node:tls";
 import {
+  BadRequestError,
   ClientClosedError,
   ConnectionError,
   FencekvError,
@@ -118,6 +119,11 @@ export interface AcquireOptions extends CallOptions {
   /** After the lease expires (not after a release), nobody may take the
    * lock for this long. */
   lockDelay?: Duration;
+  /** Permits: 2..256 makes the lock a semaphore and the grant one of its
+   * permits, with a token of its own (PROTOCOL.md §5.2); 1 or absent is a
+   * plain lock. While any permit is live every acquire must give the same
+   * limit, else LimitMismatchError; out of range is BadRequestError. */
+  limit?: number;
 }
 
 export interface Grant {
@@ -134,6 +140,19 @@ export interface LockInfo {
   ttlMs: number;
   waiters: number;
   lockDelayMs: number;
+  /** Permits: 1 for a plain lock, 2..256 for a semaphore. */
+  limit: number;
+  /** The live permits in token order: a semaphore's every one, a plain
+   * lock's one holder while held, else none. holder/token/ttlMs above are
+   * a semaphore's newest permit's. */
+  holders: Holder[];
+}
+
+/** A live permit of a semaphore (or a plain lock's live lease). */
+export interface Holder {
+  holder: string;
+  token: number;
+  ttlMs: number;
 }
 
 export interface Status {
@@ -204,15 +223,39 @@ function toEntry(r: Record<string, unknown>, key?: Bytes): Entry {
 }
 
 function toLockInfo(r: Record<string, unknown>, name?: string): LockInfo {
+  const held = r.held === true;
+  const holder = asText(r.holder);
+  const token = asNum(r.token);
+  const ttlMs = asNum(r.ttl_ms);
+  let holders: Holder[];
+  if (r.limit !== undefined) {
+    // A semaphore: its live permits.
+    const hs = Array.isArray(r.holders) ? (r.holders as unknown[]) : [];
+    holders = hs
+      .filter((h): h is Record<string, unknown> => h !== null && typeof h === "object")
+      .map((h) => ({ holder: asText(h.holder), token: asNum(h.token), ttlMs: asNum(h.ttl_ms) }));
+  } else {
+    holders = held ? [{ holder, token, ttlMs }] : [];
+  }
   return {
     lock: r.lock !== undefined ? asText(r.lock) : (name ?? ""),
-    held: r.held === true,
-    holder: asText(r.holder),
-    token: asNum(r.token),
-    ttlMs: asNum(r.ttl_ms),
+    held,
+    holder,
+    token,
+    ttlMs,
     waiters: asNum(r.waiters),
     lockDelayMs: asNum(r.lock_delay_ms),
+    limit: r.limit !== undefined ? asNum(r.limit) : 1,
+    holders,
   };
+}
+
+/** tokenOf is the token of the live permit (or plain lease) of info held
+ * under holder, if any: how the lock helper finds a grant whose answer was
+ * lost, among a semaphore's permits too. */
+export function tokenOf(info: LockInfo, holder: string): number | undefined {
+  for (const h of info.holders) if (h.holder === holder && h.token) return h.token;
+  return undefined;
 }
 
 function camel(s: string): string {
@@ -588,6 +631,11 @@ export class Client {
     const ttlMs = toMs(o.ttl, "ttl");
     const waitMs = optMs(o.wait, "wait") ?? 0;
     const lockDelayMs = optMs(o.lockDelay, "lockDelay");
+    if (o.limit !== undefined && !Number.isSafeInteger(o.limit)) {
+      // Integers go to the server as given: its bad_request is the one
+      // rule for the range (1..256).
+      throw new BadRequestError("bad_request", `fencekv: limit ${String(o.limit)}: want an integer`);
+    }
     const until = performance.now() + waitMs;
     let pauseMs = 50;
     for (;;) {
@@ -616,11 +664,18 @@ export class Client {
     waitMs: number | undefined,
     holder: string | undefined,
     lockDelayMs: number | undefined,
-    o: CallOptions,
+    o: AcquireOptions,
   ): Promise<Grant> {
     const r = await this.call(
       "acquire",
-      { lock: name, ttl_ms: ttlMs, holder: holder || undefined, wait_ms: waitMs, lock_delay_ms: lockDelayMs || undefined },
+      {
+        lock: name,
+        ttl_ms: ttlMs,
+        holder: holder || undefined,
+        wait_ms: waitMs,
+        lock_delay_ms: lockDelayMs || undefined,
+        limit: o.limit,
+      },
       {
         ...o,
         extraMs: waitMs ?? 0,

@@ -111,6 +111,12 @@ export class TLSRequiredError extends FencekvError {}
 export class UnknownMethodError extends FencekvError {}
 /** limit_exceeded: a server limit (in flight, waiters, connections, watches). */
 export class LimitExceededError extends FencekvError {}
+/** limit_mismatch: an acquire's limit (1 when absent) is not the lock's
+ * while any of its permits is live: a plain acquire of a semaphore, a
+ * semaphore acquire of a held plain lock, or another limit (PROTOCOL.md
+ * §5.2). Nothing changed and the acquire was not queued. No facts:
+ * lockInfo tells the lock's limit. */
+export class LimitMismatchError extends FencekvError {}
 /** internal: a bug in the server (it recovered from a panic). */
 export class InternalError extends FencekvError {}
 /** unauthenticated: no or wrong credentials. */
@@ -214,6 +220,7 @@ const classes: Record<string, Ctor> = {
   unavailable: UnavailableError,
   not_leader: NotLeaderError,
   limit_exceeded: LimitExceededError,
+  limit_mismatch: LimitMismatchError,
   internal: InternalError,
   compacted: CompactedError,
   unauthenticated: UnauthenticatedError,

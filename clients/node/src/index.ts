@@ -28,6 +28,7 @@ export { Watch } from "./watch.js";
 export type { WatchEvent, WatchOptions } from "./watch.js";
 export * from "./errors.js";
 export { toMs } from "./util.js";
+export type { Holder } from "./client.js"; // semaphores
 export type { Bytes, Duration } from "./util.js";
 export * as sqlfence from "./sqlfence.js";
 export * as election from "./election.js";

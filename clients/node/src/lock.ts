@@ -5,7 +5,7 @@
 import { hostname } from "node:os";
 import { randomBytes } from "node:crypto";
 import type { Client, Grant } from "./client.js";
-import { lockName, retryable } from "./client.js";
+import { lockName, retryable, tokenOf } from "./client.js";
 import {
   ClientClosedError,
   FencekvError,
@@ -28,6 +28,9 @@ export interface LockOptions {
   holder?: string;
   /** Lock-delay after an expiry (see acquire). */
   lockDelay?: Duration;
+  /** Permits of a semaphore (2..256): the lease is one of them, with a
+   * token of its own (see AcquireOptions.limit). */
+  limit?: number;
   /** How long before the lease may run out its signal aborts: time to stop
    * what you do before the server may expire the lease and grant the lock
    * to another. Default a tenth of the TTL, at most 2s. */
@@ -263,6 +266,7 @@ export async function lockLease(client: Client, name: Bytes, o: LockOptions): Pr
       wait: waitMs || undefined,
       holder,
       lockDelay: o.lockDelay,
+      limit: o.limit,
       signal: o.signal,
       timeout: o.timeout,
     });
@@ -301,7 +305,8 @@ export async function lockLease(client: Client, name: Bytes, o: LockOptions): Pr
 async function findGrant(client: Client, name: Bytes, ttlMs: number, holder: string, timeoutMs: number): Promise<Grant | undefined> {
   try {
     const info = await retryCall(client, timeoutMs, (t) => client.lockInfo(name, { timeout: t }));
-    if (info.held && info.holder === holder) return { lock: lockName(name), token: info.token, ttlMs };
+    const token = tokenOf(info, holder); // a semaphore's permits too
+    if (token !== undefined) return { lock: lockName(name), token, ttlMs };
   } catch {
     // Cannot look it up: the outcome stays unknown.
   }

@@ -232,6 +232,8 @@ export class CutProxy {
   addr = "";
   cutNext = false;
   cuts = 0;
+  /** Called at the next cut, before the connection is closed. */
+  onCut: (() => Promise<unknown>) | undefined;
   private server!: net.Server;
   private socks: net.Socket[] = [];
 
@@ -252,8 +254,14 @@ export class CutProxy {
         if (p.cutNext) {
           p.cutNext = false;
           p.cuts++;
-          up.destroy();
-          client.destroy();
+          // onCut runs before the connection is cut (its answer held back).
+          const hook = p.onCut;
+          p.onCut = undefined;
+          up.pause();
+          void (hook ? hook() : Promise.resolve()).finally(() => {
+            up.destroy();
+            client.destroy();
+          });
           return;
         }
         client.write(d);

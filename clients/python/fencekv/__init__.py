@@ -18,6 +18,8 @@ from .lock import Lease
 from .types import (BackupInfo, Entry, Event, Grant, LockInfo, Member, Refusal, Status,
                     TxnResult, WriteResult)
 from .watch import Watcher
+from .errors import LimitMismatch  # noqa: E402  (semaphores)
+from .types import Holder  # noqa: E402  (semaphores)
 
 __version__ = "0.1.0"
 
@@ -30,3 +32,4 @@ __all__ = [
     "LimitExceeded", "Internal", "Compacted", "Unauthenticated", "PermissionDenied", "TLSRequired",
     "ConnectionLost", "Timeout", "LeaseLost", "ClientClosed", "ProtocolError",
 ]
+__all__ += ["LimitMismatch", "Holder"]  # semaphores

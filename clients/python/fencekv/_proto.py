@@ -152,8 +152,14 @@ def txn_result(r: Mapping[str, Any]) -> TxnResult:
 
 
 def acquire_params(name: Bytes, ttl: Duration, wait: Duration, holder: Optional[Bytes],
-                   lock_delay: Duration) -> Dict[str, Any]:
+                   lock_delay: Duration, limit: Optional[int] = None) -> Dict[str, Any]:
     p: Dict[str, Any] = {"lock": data(name), "ttl_ms": ms(ttl)}
+    if limit is not None:
+        # Sent as given, also 0 or out of range: the server's bad_request
+        # is the one rule for the limit (1..256, PROTOCOL.md §5.2).
+        if isinstance(limit, bool) or not isinstance(limit, int):
+            raise TypeError(f"limit must be an int, not {type(limit).__name__}")
+        p["limit"] = limit
     if holder:
         p["holder"] = data(holder)
     w = ms(wait)

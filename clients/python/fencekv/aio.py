@@ -440,8 +440,9 @@ class Client:
             start = items[-1].key + b"\x00"
 
     async def acquire(self, name: Bytes, ttl: Duration, *, wait: Duration = 0,
-                      holder: Optional[Bytes] = None, lock_delay: Duration = 0) -> Grant:
-        p = _proto.acquire_params(name, ttl, wait, holder, lock_delay)
+                      holder: Optional[Bytes] = None, lock_delay: Duration = 0,
+                      limit: Optional[int] = None) -> Grant:
+        p = _proto.acquire_params(name, ttl, wait, holder, lock_delay, limit)
         w = _proto.seconds(wait)
         until = time.monotonic() + w
         pause = 0.05
@@ -509,10 +510,11 @@ class Client:
 
     def lock(self, name: Bytes, ttl: Duration = 10.0, *, wait: Duration = 0,
              margin: Optional[Duration] = None, holder: Optional[Bytes] = None,
-             lock_delay: Duration = 0, release_timeout: Duration = 5.0) -> "Lease":
+             lock_delay: Duration = 0, release_timeout: Duration = 5.0,
+             limit: Optional[int] = None) -> "Lease":
         """A lease on name for ``async with``; see :class:`fencekv.Lease`."""
         return Lease(self, name, ttl, wait=wait, margin=margin, holder=holder,
-                     lock_delay=lock_delay, release_timeout=release_timeout)
+                     lock_delay=lock_delay, release_timeout=release_timeout, limit=limit)
 
     def watch(self, prefix: Optional[Bytes] = None, *, start_revision: int = 0,
               locks: bool = False) -> "Watcher":
@@ -529,7 +531,8 @@ class Lease:
 
     def __init__(self, client: Client, name: Bytes, ttl: Duration, *, wait: Duration = 0,
                  margin: Optional[Duration] = None, holder: Optional[Bytes] = None,
-                 lock_delay: Duration = 0, release_timeout: Duration = 5.0) -> None:
+                 lock_delay: Duration = 0, release_timeout: Duration = 5.0,
+                 limit: Optional[int] = None) -> None:
         self.client = client
         self.name = _proto.as_name(name)
         self.ttl = _proto.seconds(ttl)
@@ -538,6 +541,7 @@ class Lease:
             raise ValueError(f"margin {self.margin}s: want 0 or more, and less than the TTL")
         self.wait = _proto.seconds(wait)
         self.lock_delay = lock_delay
+        self.limit = limit  # a semaphore's permits: this lease is one of them
         self.release_timeout = _proto.seconds(release_timeout)
         self._ours = holder is None
         self.holder = _proto.unique_holder() if holder is None else _proto.as_name(holder)
@@ -574,7 +578,7 @@ class Lease:
         sent = time.monotonic()
         try:
             g = await c.acquire(self.name, self.ttl, wait=self.wait, holder=self.holder,
-                                lock_delay=self.lock_delay)
+                                lock_delay=self.lock_delay, limit=self.limit)
             token = g.token
         except errors.Error as e:
             if not (self._ours and _proto.unknown_outcome(e)):
@@ -606,8 +610,9 @@ class Lease:
                     raise err from None
                 await asyncio.sleep(pause)
                 pause = min(2 * pause, 0.5)
-        if info.held and info.holder == self.holder and info.token:
-            return info.token
+        token = info.token_of(self.holder)  # a semaphore's permits too
+        if token:
+            return token
         raise err
 
     async def _keep(self) -> None:

@@ -334,14 +334,18 @@ class Client:
             start = items[-1].key + b"\x00"
 
     def acquire(self, name: Bytes, ttl: Duration, *, wait: Duration = 0,
-                holder: Optional[Bytes] = None, lock_delay: Duration = 0) -> Grant:
+                holder: Optional[Bytes] = None, lock_delay: Duration = 0,
+                limit: Optional[int] = None) -> Grant:
         """Take the lock for ttl, queueing up to wait if it is held.
 
+        With ``limit`` N (2..256) the lock is a semaphore and the grant is
+        one of its N permits, with a token of its own (PROTOCOL.md §5.2);
+        LimitMismatch if the lock's permits are live under another limit.
         Raises LockHeld if it is not granted. A grant that arrives after the
         call timed out is released. For a lock kept alive and released for
         you, use :meth:`lock`.
         """
-        p = _proto.acquire_params(name, ttl, wait, holder, lock_delay)
+        p = _proto.acquire_params(name, ttl, wait, holder, lock_delay, limit)
         w = _proto.seconds(wait)
         until = time.monotonic() + w
         pause = 0.05
@@ -453,11 +457,12 @@ class Client:
 
     def lock(self, name: Bytes, ttl: Duration = 10.0, *, wait: Duration = 0,
              margin: Optional[Duration] = None, holder: Optional[Bytes] = None,
-             lock_delay: Duration = 0, release_timeout: Duration = 5.0) -> "Lease":
+             lock_delay: Duration = 0, release_timeout: Duration = 5.0,
+             limit: Optional[int] = None) -> "Lease":
         """A lease on name to use in a ``with`` block; see :class:`Lease`."""
         from .lock import Lease
         return Lease(self, name, ttl, wait=wait, margin=margin, holder=holder,
-                     lock_delay=lock_delay, release_timeout=release_timeout)
+                     lock_delay=lock_delay, release_timeout=release_timeout, limit=limit)
 
     def watch(self, prefix: Optional[Bytes] = None, *, start_revision: int = 0,
               locks: bool = False) -> "Watcher":

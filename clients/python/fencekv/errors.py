@@ -30,6 +30,7 @@ __all__ = [
     "Unavailable",
     "NotLeader",
     "LimitExceeded",
+    "LimitMismatch",
     "Internal",
     "Compacted",
     "Unauthenticated",
@@ -208,6 +209,17 @@ class LimitExceeded(Error):
     code = "limit_exceeded"
 
 
+class LimitMismatch(Error):
+    """An acquire's ``limit`` (1 when not given) is not the lock's while any
+    of its permits is live: a plain acquire of a semaphore, a semaphore
+    acquire of a held plain lock, or another limit (PROTOCOL.md §5.2).
+    Nothing changed and the acquire was not queued. The code has no facts:
+    :meth:`Client.lock_info` tells the lock's ``limit``.
+    """
+
+    code = "limit_mismatch"
+
+
 class Internal(Error):
     """A bug in the server: it recovered from a panic serving the request."""
 
@@ -296,7 +308,7 @@ _BY_CODE: Dict[str, Type[Error]] = {
     cls.code: cls
     for cls in (StaleToken, NotHolder, LeaseExpired, LockHeld, CompareFailed, NotInteger,
                 TooLarge, BadRequest, UnknownMethod, Unavailable, NotLeader, LimitExceeded,
-                Internal, Compacted, Unauthenticated, PermissionDenied, TLSRequired)
+                LimitMismatch, Internal, Compacted, Unauthenticated, PermissionDenied, TLSRequired)
 }
 
 

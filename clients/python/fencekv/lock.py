@@ -43,6 +43,10 @@ class Lease:
     held under this lease's holder name, the grant is this lease's (renewed
     at once, having no send time to measure it from).
 
+    With ``limit`` N (2..256) the lease is one of N permits of a semaphore
+    (``client.lock("export", ttl=30, wait=3600, limit=3)``): everything here
+    holds for the permit, which has a token of its own.
+
     Leaving the block releases the lock (also after a loss: the server may
     still hold it for us), unless a renew was refused. If the lease was lost
     and the block raised nothing, leaving it raises LeaseLost: the work may
@@ -51,7 +55,8 @@ class Lease:
 
     def __init__(self, client: "Client", name: Bytes, ttl: Duration, *, wait: Duration = 0,
                  margin: Optional[Duration] = None, holder: Optional[Bytes] = None,
-                 lock_delay: Duration = 0, release_timeout: Duration = 5.0) -> None:
+                 lock_delay: Duration = 0, release_timeout: Duration = 5.0,
+                 limit: Optional[int] = None) -> None:
         self.client = client
         self.name: str = _proto.as_name(name)
         self.ttl = _proto.seconds(ttl)
@@ -60,6 +65,7 @@ class Lease:
             raise ValueError(f"margin {self.margin}s: want 0 or more, and less than the TTL")
         self.wait = _proto.seconds(wait)
         self.lock_delay = lock_delay
+        self.limit = limit  # a semaphore's permits: this lease is one of them
         self.release_timeout = _proto.seconds(release_timeout)
         self._ours = holder is None  # a name no one else uses: a lost grant can be found
         self.holder: str = _proto.unique_holder() if holder is None else _proto.as_name(holder)
@@ -129,7 +135,7 @@ class Lease:
         sent = time.monotonic()
         try:
             g = c.acquire(self.name, self.ttl, wait=self.wait, holder=self.holder,
-                          lock_delay=self.lock_delay)
+                          lock_delay=self.lock_delay, limit=self.limit)
             token = g.token
         except errors.Error as e:
             if not (self._ours and _proto.unknown_outcome(e)):
@@ -171,8 +177,9 @@ class Lease:
                     raise err from None
                 time.sleep(pause)
                 pause = min(2 * pause, 0.5)
-        if info.held and info.holder == self.holder and info.token:
-            return info.token
+        token = info.token_of(self.holder)  # a semaphore's permits too
+        if token:
+            return token
         raise err
 
     # -- keeping ------------------------------------------------------------

@@ -8,7 +8,7 @@ UTF-8 come back as surrogate escapes).
 from __future__ import annotations
 
 import datetime
-from typing import Any, List, Mapping, NamedTuple, Optional, Union
+from typing import Any, List, Mapping, NamedTuple, Optional, Tuple, Union
 
 __all__ = [
     "Bytes",
@@ -18,6 +18,7 @@ __all__ = [
     "TxnResult",
     "Grant",
     "LockInfo",
+    "Holder",
     "Status",
     "Member",
     "Refusal",
@@ -64,14 +65,35 @@ class Grant(NamedTuple):
     ttl: float
 
 
+class Holder(NamedTuple):
+    """A live permit of a semaphore (or a plain lock's live lease)."""
+
+    holder: str
+    token: int
+    ttl: float  # lease time left
+
+
 class LockInfo(NamedTuple):
     lock: str
     held: bool
-    holder: str
+    holder: str  # a semaphore's: the newest live permit's
     token: int
     ttl: float  # lease time left; 0 when not held
     waiters: int
     lock_delay: float  # lock-delay time left
+    #: permits: 1 for a plain lock, 2..256 for a semaphore (PROTOCOL.md §5.2)
+    limit: int = 1
+    #: the live permits in token order: a semaphore's every one, a plain
+    #: lock's one holder while held, else empty
+    holders: Tuple[Holder, ...] = ()
+
+    def token_of(self, holder: str) -> Optional[int]:
+        """The token of the live permit (or plain lease) held under holder,
+        or None: how a lock helper finds a grant whose answer was lost."""
+        for h in self.holders:
+            if h.holder == holder and h.token:
+                return h.token
+        return None
 
 
 class Status(NamedTuple):
@@ -179,11 +201,19 @@ def _name(v: Any) -> str:
 
 
 def lock_info_of(m: Mapping[str, Any], name: Optional[str] = None) -> LockInfo:
+    held = bool(m.get("held", False))
+    holder, token, ttl = _name(m.get("holder")), m.get("token", 0), m.get("ttl_ms", 0) / 1000.0
+    if "limit" in m:  # a semaphore
+        holders = tuple(Holder(_name(h.get("holder")), h.get("token", 0),
+                               h.get("ttl_ms", 0) / 1000.0)
+                        for h in m.get("holders") or [] if isinstance(h, dict))
+    else:
+        holders = (Holder(holder, token, ttl),) if held else ()
     return LockInfo(
         lock=_name(m.get("lock")) if name is None else name,
-        held=bool(m.get("held", False)), holder=_name(m.get("holder")),
-        token=m.get("token", 0), ttl=m.get("ttl_ms", 0) / 1000.0,
-        waiters=m.get("waiters", 0), lock_delay=m.get("lock_delay_ms", 0) / 1000.0)
+        held=held, holder=holder, token=token, ttl=ttl,
+        waiters=m.get("waiters", 0), lock_delay=m.get("lock_delay_ms", 0) / 1000.0,
+        limit=m.get("limit", 1), holders=holders)
 
 
 def entry_of(m: Mapping[str, Any], key: Optional[bytes] = None) -> Entry:

@@ -9,7 +9,7 @@ import socket
 import subprocess
 import tempfile
 import threading
-from typing import List, Optional
+from typing import Callable, List, Optional
 
 from conftest import Server, free_port, wait_for
 
@@ -32,6 +32,8 @@ class CutProxy:
         self._marker: Optional[bytes] = None
         self._pairs: List[tuple] = []
         self.dropped = threading.Event()
+        #: called when an answer is dropped, before the connection is cut
+        self.on_drop: Optional[Callable[[], None]] = None
         self._closed = False
         threading.Thread(target=self._accept, daemon=True).start()
 
@@ -81,6 +83,8 @@ class CutProxy:
                 if not b:
                     break
                 if st["armed"]:
+                    if self.on_drop is not None:
+                        self.on_drop()
                     self._close(pair)
                     self.dropped.set()
                     return

@@ -517,8 +517,19 @@ public final class FencekvClient implements AutoCloseable {
 
     private static LockInfo lockInfo(String name, Map<String, Object> r) {
         String n = r.containsKey("lock") ? Codec.str(r, "lock") : name;
-        return new LockInfo(n, Codec.bool(r, "held"), Codec.str(r, "holder"), Codec.lng(r, "token"),
+        LockInfo in = new LockInfo(n, Codec.bool(r, "held"), Codec.str(r, "holder"), Codec.lng(r, "token"),
                 Duration.ofMillis(Codec.lng(r, "ttl_ms")), Codec.lng(r, "waiters"), Duration.ofMillis(Codec.lng(r, "lock_delay_ms")));
+        if (!r.containsKey("limit")) return in;
+        // A semaphore: its limit and live permits.
+        List<LockInfo.Holder> hs = new ArrayList<>();
+        for (Object o : r.get("holders") instanceof List<?> l ? l : List.of()) {
+            if (!(o instanceof Map<?, ?>)) continue;
+            @SuppressWarnings("unchecked")
+            Map<String, Object> h = (Map<String, Object>) o;
+            hs.add(new LockInfo.Holder(Codec.str(h, "holder"), Codec.lng(h, "token"), Duration.ofMillis(Codec.lng(h, "ttl_ms"))));
+        }
+        return new LockInfo(in.lock(), in.held(), in.holder(), in.token(), in.ttl(), in.waiters(), in.lockDelay(),
+                (int) Codec.lng(r, "limit"), hs);
     }
 
     // ping
@@ -693,7 +704,8 @@ public final class FencekvClient implements AutoCloseable {
     public CompletableFuture<Grant> acquireAsync(String lock, Duration ttl, AcquireOptions o) {
         Map<String, Object> p = params("lock", lock, "ttl_ms", ttl.toMillis(), "holder", o.holder,
                 "wait_ms", o.wait.isZero() ? null : (Object) o.wait.toMillis(),
-                "lock_delay_ms", o.lockDelay.isZero() ? null : (Object) o.lockDelay.toMillis());
+                "lock_delay_ms", o.lockDelay.isZero() ? null : (Object) o.lockDelay.toMillis(),
+                "limit", o.limit); // a semaphore's permits: sent as given, the server checks the range
         return callAsync("acquire", p, callTimeout.toMillis() + o.wait.toMillis())
                 .thenApply(r -> new Grant(lock, Codec.lng(r, "token"), Duration.ofMillis(Codec.lng(r, "ttl_ms"))));
     }

@@ -74,6 +74,7 @@ public class FencekvException extends RuntimeException {
             case "unavailable": return new UnavailableException(msg, err);
             case "not_leader": return new NotLeaderException(msg, err);
             case "limit_exceeded": return new LimitExceededException(msg, err);
+            case "limit_mismatch": return new LimitMismatchException(msg, err);
             case "internal": return new InternalException(msg, err);
             case "compacted": return new CompactedException(msg, err);
             case "unauthenticated": return new UnauthenticatedException(msg, err);

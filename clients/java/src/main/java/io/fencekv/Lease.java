@@ -6,6 +6,7 @@ import java.time.Duration;
 import java.util.ArrayList;
 import java.util.HexFormat;
 import java.util.List;
+import java.util.OptionalLong;
 import java.util.concurrent.CompletableFuture;
 import java.util.concurrent.ExecutionException;
 import java.util.concurrent.TimeUnit;
@@ -107,6 +108,7 @@ public final class Lease implements AutoCloseable {
         boolean ours = o.holder == null;
         String holder = ours ? uniqueHolder() : o.holder;
         AcquireOptions ao = AcquireOptions.holder(holder).withWait(o.wait).withLockDelay(o.lockDelay);
+        if (o.limit != null) ao = ao.withLimit(o.limit); // one of a semaphore's permits
         long sent = System.nanoTime();
         long token;
         boolean found = false;
@@ -121,8 +123,9 @@ public final class Lease implements AutoCloseable {
                 e.addSuppressed(le);
                 throw e;
             }
-            if (!in.held() || !in.holder().equals(holder)) throw e;
-            token = in.token();
+            OptionalLong mine = in.tokenOf(holder); // a semaphore's permits too
+            if (mine.isEmpty()) throw e;
+            token = mine.getAsLong();
             found = true;
         }
         if (o.wait.compareTo(Duration.ZERO) > 0 || found) {
