@@ -241,7 +241,7 @@ func serverSecurityOf(c *cli.Context, clustered bool) (*serverSecurity, error) {
 		if _, err := s.certs.load(); err != nil {
 			return nil, usageError{err}
 		}
-		s.clientTLS = &tls.Config{GetCertificate: s.certs.server, MinVersion: tls.VersionTLS12}
+		s.clientTLS = &tls.Config{GetCertificate: s.certs.server, MinVersion: tls.VersionTLS12, SessionTicketsDisabled: true}
 		var err error
 		var clientPool, peerPool *x509.CertPool
 		if f := c.String("tls-client-ca"); f != "" {
