@@ -196,7 +196,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lea
 	case <-w.Done():
 		return granted()
 	case <-timer.C():
-		if !db.m.Cancel(w) {
+		if !db.queues.Cancel(w) {
 			<-w.Done()
 			return granted()
 		}
@@ -213,7 +213,7 @@ func (db *DB) awaitGrant(ctx context.Context, w *lease.Waiter, timer Timer) (Lea
 		}
 		return Lease{}, db.lockHeld(w.Req.Name)
 	case <-ctx.Done():
-		if !db.m.Cancel(w) {
+		if !db.queues.Cancel(w) {
 			<-w.Done()
 			if w.Err == nil {
 				// Nobody will use this grant: give the lock to the next.

@@ -71,7 +71,7 @@ func (db *DB) commitBatch(batch []*request) {
 				r.res = state.Result{Err: fail}
 			}
 			if r.waiter != nil {
-				db.m.Cancel(r.waiter)
+				db.queues.Cancel(r.waiter)
 				r.waiter = nil
 			}
 			r.answer()
@@ -115,7 +115,7 @@ func (db *DB) applyBatch(batch []*request) (handed []handoff, err error) {
 	for _, r := range batch {
 		c := &r.cmd
 		c.Now = now
-		if c.Op == state.OpAcquire && db.m.Waiting(c.Lease.Name) > 0 {
+		if c.Op == state.OpAcquire && db.queues.Waiting(c.Lease.Name) > 0 {
 			// Waiters come first: if the holder's lease is past due,
 			// expire it now and hand the lock to the head of the queue.
 			if handed, err = db.expire(now, c.Lease.Name, handed); err != nil {
@@ -127,7 +127,7 @@ func (db *DB) applyBatch(batch []*request) (handed []handoff, err error) {
 		}
 		if c.Op == state.OpAcquire && r.wait > 0 && errors.Is(r.res.Err, ErrLockHeld) {
 			w := lease.NewWaiter(c.Lease)
-			if err := db.m.Enqueue(w, db.opts.MaxWaiters); err != nil {
+			if err := db.queues.Enqueue(w, db.opts.MaxWaiters); err != nil {
 				r.res.Err = err
 			} else {
 				r.waiter = w
@@ -169,7 +169,7 @@ func (db *DB) expire(now time.Duration, name string, handed []handoff) ([]handof
 // same transaction that freed it (FIFO; no thundering herd).
 func (db *DB) handOff(now time.Duration, name string, handed []handoff) ([]handoff, error) {
 	for {
-		w := db.m.Pop(name)
+		w := db.queues.Pop(name)
 		if w == nil {
 			return handed, nil
 		}

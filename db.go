@@ -11,6 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/fencekv/fencekv/lease"
 	"github.com/fencekv/fencekv/state"
 	"github.com/fencekv/fencekv/wal"
 )
@@ -34,7 +35,8 @@ type DB struct {
 
 	// m is the state machine. Its write side is used by the batch leader
 	// only (and by Open and Close, before and after any leader).
-	m *state.Machine
+	m      *state.Machine
+	queues *lease.Queues // callers waiting for locks (in memory)
 
 	qmu     sync.Mutex // guards pending, leading, closed
 	qidle   sync.Cond  // signalled (with qmu) when leading ends
@@ -108,6 +110,8 @@ func Open(dir string, opts *Options) (*DB, error) {
 	if err != nil {
 		return nil, err
 	}
+	queues := lease.NewQueues()
+	m.SetQueues(queues)
 	// The data file's lock (taken by kv.Open) also guards the log.
 	logPath := filepath.Join(dir, LogFile)
 	log, recs, tail, err := wal.Open(logPath, m.Applied())
@@ -134,6 +138,7 @@ func Open(dir string, opts *Options) (*DB, error) {
 		log:    o.Logger,
 		clock:  o.Clock,
 		m:      m,
+		queues: queues,
 		wal:    log,
 		stop:   make(chan struct{}),
 		commit: make(chan struct{}),

@@ -214,9 +214,9 @@ func TestQueuedAcquireLogsNothing(t *testing.T) {
 	waitFor := func(n int) {
 		t.Helper()
 		deadline := time.Now().Add(10 * time.Second)
-		for db.m.Waiting("L") != n {
+		for db.queues.Waiting("L") != n {
 			if time.Now().After(deadline) {
-				t.Fatalf("%d waiters; want %d", db.m.Waiting("L"), n)
+				t.Fatalf("%d waiters; want %d", db.queues.Waiting("L"), n)
 			}
 			time.Sleep(time.Millisecond)
 		}

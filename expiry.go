@@ -93,8 +93,8 @@ func (db *DB) applyExpiries(ctx context.Context, names []string) error {
 // drainWaiters fails every queued waiter. Called by Close once no one
 // leads.
 func (db *DB) drainWaiters() {
-	for _, name := range db.m.QueuedLocks() {
-		for w := db.m.Pop(name); w != nil; w = db.m.Pop(name) {
+	for _, name := range db.queues.QueuedLocks() {
+		for w := db.queues.Pop(name); w != nil; w = db.queues.Pop(name) {
 			w.Finish(lease.Grant{}, errClosed)
 		}
 	}

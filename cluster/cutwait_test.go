@@ -34,14 +34,14 @@ func TestQueuedAcquireCutDuringHandOff(t *testing.T) {
 			_, err := l.Acquire(wctx, "L", 30*time.Second, &fencekv.AcquireOptions{Holder: "second", Wait: 30 * time.Second})
 			answer <- err
 		}()
-		for l.m.Waiting("L") != 1 {
+		for l.queues.Waiting("L") != 1 {
 			if ctx.Err() != nil {
 				t.Fatal("the acquire is not queued")
 			}
 			time.Sleep(5 * time.Millisecond)
 		}
-		w := l.m.Pop("L") // what release does: the hand-off takes the waiter
-		cancel()          // and the waiting caller's context ends meanwhile
+		w := l.queues.Pop("L") // what release does: the hand-off takes the waiter
+		cancel()               // and the waiting caller's context ends meanwhile
 		if granted {
 			// The hand-off as release makes it: the release and the
 			// waiter's acquire in one entry.

@@ -289,7 +289,7 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 	}
 	req := state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay, Limit: ao.Limit}
 	switch {
-	case n.m.Waiting(name) == 0:
+	case n.queues.Waiting(name) == 0:
 		r, err := n.apply(state.Command{Op: state.OpAcquire, Lease: req}, term)
 		if err != nil {
 			return fencekv.Lease{}, err
@@ -305,7 +305,7 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 		return fencekv.Lease{}, n.lockHeld(name)
 	}
 	w := state.NewWaiter(state.LeaseRequest{Name: name, TTL: ttl, Holder: ao.Holder, LockDelay: ao.LockDelay, Limit: ao.Limit})
-	if err := n.m.Enqueue(w, n.opts.MaxWaiters); err != nil {
+	if err := n.queues.Enqueue(w, n.opts.MaxWaiters); err != nil {
 		return fencekv.Lease{}, err
 	}
 	n.kick(name) // the lock may have been freed since the refusal
@@ -321,13 +321,13 @@ func (n *Node) acquire(ctx context.Context, name string, ttl time.Duration, ao f
 	case <-w.Done():
 		return granted()
 	case <-timer.C():
-		if !n.m.Cancel(w) {
+		if !n.queues.Cancel(w) {
 			<-w.Done()
 			return granted()
 		}
 		return fencekv.Lease{}, n.lockHeld(name)
 	case <-ctx.Done():
-		if !n.m.Cancel(w) {
+		if !n.queues.Cancel(w) {
 			// A hand-off took it from the queue: its outcome is the
 			// answer's, not "not applied".
 			<-w.Done()

@@ -313,8 +313,8 @@ func (n *Node) release(ctx context.Context, c state.Command) (state.Result, erro
 	}
 	c.Now, c.Term = n.now(), term
 	var w *state.Waiter
-	if n.m.Waiting(c.Lease.Name) > 0 {
-		w = n.m.Pop(c.Lease.Name)
+	if n.queues.Waiting(c.Lease.Name) > 0 {
+		w = n.queues.Pop(c.Lease.Name)
 	}
 	if w == nil {
 		return n.apply(c, term)
@@ -325,7 +325,7 @@ func (n *Node) release(ctx context.Context, c state.Command) (state.Result, erro
 		w.Finish(state.Grant{}, err)
 		return state.Result{}, err
 	case errors.Is(rs[1].Err, fencekv.ErrLockHeld):
-		n.m.Requeue(w)
+		n.queues.Requeue(w)
 		n.kick(c.Lease.Name) // freed meanwhile, while w was out of its queue: the hand-off loop looks
 	default:
 		w.Finish(rs[1].Grant, rs[1].Err)
@@ -399,7 +399,7 @@ func (n *Node) pause(ctx context.Context, d time.Duration) bool {
 // freed is called by the FSM when a command frees a lock: on the leader,
 // its hand-off loop gives it to the first waiter.
 func (n *Node) freed(name string) {
-	if n.m.Waiting(name) == 0 {
+	if n.queues.Waiting(name) == 0 {
 		return
 	}
 	n.kick(name)
@@ -434,13 +434,13 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 				if err != nil || in.Full() || in.Delay > 0 {
 					break // still taken: its release or expiry kicks again
 				}
-				w := n.m.Pop(name)
+				w := n.queues.Pop(name)
 				if w == nil {
 					break
 				}
 				r, err := n.apply(state.Command{Op: state.OpAcquire, Lease: w.Req}, term)
 				if err == nil && errors.Is(r.Err, fencekv.ErrLockHeld) {
-					n.m.Requeue(w)
+					n.queues.Requeue(w)
 					break
 				}
 				if err == nil {
@@ -463,8 +463,8 @@ func (n *Node) handoffLoop(ctx context.Context, term uint64) {
 // drainWaiters answers every queued waiter with err (the node lost the
 // leadership or is closing: the callers queue again elsewhere).
 func (n *Node) drainWaiters(err error) {
-	for _, name := range n.m.QueuedLocks() {
-		for w := n.m.Pop(name); w != nil; w = n.m.Pop(name) {
+	for _, name := range n.queues.QueuedLocks() {
+		for w := n.queues.Pop(name); w != nil; w = n.queues.Pop(name) {
 			w.Finish(state.Grant{}, err)
 		}
 	}

@@ -49,15 +49,16 @@ type Node struct {
 	clock fencekv.Clock // lease time: cfg.Engine.Clock, or the real one
 	epoch time.Time
 
-	m     *state.Machine // write side owned by raft's FSM goroutine
-	fsm   *fsm
-	raft  *raft.Raft
-	trans *raft.NetworkTransport
-	votes *voteGuard            // raft's transport: trans, without the votes of a node that has not caught up (votes.go)
-	store *raftboltdb.BoltStore // raft's stable store
-	logs  *logStore             // raft's log
-	ml    *memberlist.Memberlist
-	mdel  *members
+	m      *state.Machine // write side owned by raft's FSM goroutine
+	queues *state.Queues  // callers waiting for locks, served while this node leads (leader.go)
+	fsm    *fsm
+	raft   *raft.Raft
+	trans  *raft.NetworkTransport
+	votes  *voteGuard            // raft's transport: trans, without the votes of a node that has not caught up (votes.go)
+	store  *raftboltdb.BoltStore // raft's stable store
+	logs   *logStore             // raft's log
+	ml     *memberlist.Memberlist
+	mdel   *members
 
 	mu     sync.Mutex    // guards ready, term, change
 	ready  bool          // this node leads, and its rearm has been applied
@@ -137,6 +138,8 @@ func Open(cfg Config) (n *Node, err error) {
 	if err != nil {
 		return nil, err
 	}
+	n.queues = state.NewQueues()
+	n.m.SetQueues(n.queues)
 	closers = append(closers, n.m)
 	n.m.LogUpgrade(n.log)
 	if err := n.m.EnableWatch(cfg.Engine.WatchHistory, cfg.Engine.WatchHistoryBytes, cfg.Engine.MaxWatchers); err != nil {

@@ -1,16 +1,17 @@
 // Package lease is fencekv's lease manager: lock grants, renewals, releases,
 // expiries and lock-delays, applied to lease records through the caller's
 // storage transaction; the deadline index that says which lease is due next;
-// and the FIFO queues of callers waiting to acquire.
+// and the FIFO queues of callers waiting to acquire (Queues, owned by the
+// driver: the cluster's leader and the single node each keep their own).
 //
 // Time is passed in, never read: now is a point on the proposer's monotonic
 // clock, as an offset from an epoch the proposer chose. The same calls with
 // the same times leave the same records, so a replicated log can apply them.
 //
 // Threading: the apply-side methods (Acquire, Renew, Release, Check,
-// Expire, Rearm, Load, Pop) are called by one goroutine at a time, the one
-// that owns the engine's state machine. Arm, Due, Waiting, Enqueue, Cancel,
-// Held, Wake, Info and List may be called from any goroutine.
+// Expire, Rearm, Load) are called by one goroutine at a time, the one
+// that owns the engine's state machine. Arm, Due, Held, Wake, Info and List
+// may be called from any goroutine, and so may every method of Queues.
 package lease
 
 import (
@@ -66,11 +67,10 @@ type Info struct {
 // Manager keeps the in-memory side of leases: the deadline index and the
 // waiter queues. Records live in the store.
 type Manager struct {
-	mu      sync.Mutex // guards idx, waiters, nwait, held, armed, armedOK
+	mu      sync.Mutex // guards idx, held, armed, armedOK
 	idx     *index
-	waiters map[string]*queue
-	nwait   int
-	held    int // leases held as of the last applied command
+	held    int                    // leases held as of the last applied command
+	waiting atomic.Pointer[Queues] // the driver's queues, for Info's waiter counts (SetQueues)
 
 	// The time the expiry loop will look next, as it last said (Arm);
 	// armedOK is false when it waits for nothing but a wake.
@@ -83,10 +83,22 @@ type Manager struct {
 // a store that may hold records.
 func NewManager() *Manager {
 	return &Manager{
-		idx:     newIndex(),
-		waiters: make(map[string]*queue),
-		wake:    make(chan struct{}, 1),
+		idx:  newIndex(),
+		wake: make(chan struct{}, 1),
 	}
+}
+
+// SetQueues names the queues of callers waiting for locks, which the
+// driver owns, so that Info counts a lock's waiters.
+func (m *Manager) SetQueues(q *Queues) { m.waiting.Store(q) }
+
+// waiters is the number of callers queued for name, by the driver's
+// queues.
+func (m *Manager) waiters(name string) int {
+	if q := m.waiting.Load(); q != nil {
+		return q.Waiting(name)
+	}
+	return 0
 }
 
 // Wake returns a channel that receives when a lease or lock-delay becomes
@@ -482,7 +494,7 @@ func (m *Manager) Info(st Store, now time.Duration, name string) (Info, error) {
 }
 
 func (m *Manager) info(name string, r Record, ok bool, now time.Duration) Info {
-	in := Info{Name: name, Waiters: m.Waiting(name)}
+	in := Info{Name: name, Waiters: m.waiters(name)}
 	if !ok {
 		return in
 	}
@@ -564,148 +576,4 @@ func (m *Manager) List(st Store, now time.Duration, prefix, start string, limit,
 		return true
 	})
 	return out, more, err
-}
-
-// Waiter is a caller queued for a lock. Its outcome is set by the commit
-// loop after the grant is durable; Done is closed then.
-type Waiter struct {
-	Req   Request
-	Grant Grant
-	Err   error
-
-	state atomic.Int32 // waiting -> popped | cancelled
-	done  chan struct{}
-}
-
-const (
-	waiting int32 = iota
-	popped
-	cancelled
-)
-
-// NewWaiter returns a Waiter for req.
-func NewWaiter(req Request) *Waiter {
-	return &Waiter{Req: req, done: make(chan struct{})}
-}
-
-// Done is closed when the waiter's outcome is set.
-func (w *Waiter) Done() <-chan struct{} { return w.done }
-
-// Finish sets the outcome and closes Done. Called once, by the batch leader.
-func (w *Waiter) Finish(g Grant, err error) {
-	w.Grant, w.Err = g, err
-	close(w.done)
-}
-
-type queue struct{ ws []*Waiter }
-
-// ErrTooManyWaiters is returned by Enqueue when max waiters are queued.
-var ErrTooManyWaiters = &fence.Error{Code: fence.CodeLimitExceeded, Message: "too many waiters"}
-
-// Enqueue puts w at the tail of its lock's queue unless max waiters (0:
-// unlimited) are already queued store-wide.
-func (m *Manager) Enqueue(w *Waiter, max int) error {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if max > 0 && m.nwait >= max {
-		return ErrTooManyWaiters
-	}
-	q := m.waiters[w.Req.Name]
-	if q == nil {
-		q = &queue{}
-		m.waiters[w.Req.Name] = q
-	}
-	q.ws = append(q.ws, w)
-	m.nwait++
-	return nil
-}
-
-// Pop removes and returns the first waiter of name that has not given up,
-// or nil. A popped waiter can no longer cancel: it will get an outcome.
-func (m *Manager) Pop(name string) *Waiter {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	q := m.waiters[name]
-	for q != nil && len(q.ws) > 0 {
-		w := q.ws[0]
-		q.ws[0] = nil
-		q.ws = q.ws[1:]
-		m.nwait--
-		if w.state.CompareAndSwap(waiting, popped) {
-			m.dropIfEmpty(name, q)
-			return w
-		}
-	}
-	m.dropIfEmpty(name, q)
-	return nil
-}
-
-func (m *Manager) dropIfEmpty(name string, q *queue) {
-	if q != nil && len(q.ws) == 0 {
-		delete(m.waiters, name)
-	}
-}
-
-// Requeue puts w, popped but not granted (the lock was taken before its
-// grant could be applied), back at the head of its queue, waiting again.
-func (m *Manager) Requeue(w *Waiter) {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	w.state.Store(waiting)
-	q := m.waiters[w.Req.Name]
-	if q == nil {
-		q = &queue{}
-		m.waiters[w.Req.Name] = q
-	}
-	q.ws = append([]*Waiter{w}, q.ws...)
-	m.nwait++
-}
-
-// Cancel takes w out of its queue. It returns false if w was already popped:
-// then an outcome is coming on Done, and the caller must wait for it.
-func (m *Manager) Cancel(w *Waiter) bool {
-	if !w.state.CompareAndSwap(waiting, cancelled) {
-		return false
-	}
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if q := m.waiters[w.Req.Name]; q != nil {
-		for i, x := range q.ws {
-			if x == w {
-				q.ws = append(q.ws[:i], q.ws[i+1:]...)
-				m.nwait--
-				break
-			}
-		}
-		m.dropIfEmpty(w.Req.Name, q)
-	}
-	return true
-}
-
-// Waiting is the number of callers queued for name.
-func (m *Manager) Waiting(name string) int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	if q := m.waiters[name]; q != nil {
-		return len(q.ws)
-	}
-	return 0
-}
-
-// TotalWaiting is the number of callers queued for all locks.
-func (m *Manager) TotalWaiting() int {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	return m.nwait
-}
-
-// QueuedLocks returns the names of the locks that have waiters.
-func (m *Manager) QueuedLocks() []string {
-	m.mu.Lock()
-	defer m.mu.Unlock()
-	names := make([]string, 0, len(m.waiters))
-	for name := range m.waiters {
-		names = append(names, name)
-	}
-	return names
 }

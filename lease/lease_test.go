@@ -615,7 +615,7 @@ func TestList(t *testing.T) {
 }
 
 func TestWaiters(t *testing.T) {
-	m := NewManager()
+	m := NewQueues()
 	var ws []*Waiter
 	for i := 0; i < 4; i++ {
 		w := NewWaiter(Request{Name: "L", Holder: fmt.Sprint(i)})
@@ -626,8 +626,8 @@ func TestWaiters(t *testing.T) {
 	}
 	other := NewWaiter(Request{Name: "M"})
 	m.Enqueue(other, 0)
-	if m.Waiting("L") != 4 || m.TotalWaiting() != 5 {
-		t.Fatalf("waiting = %d, total %d; want 4, 5", m.Waiting("L"), m.TotalWaiting())
+	if m.Waiting("L") != 4 || m.Total() != 5 {
+		t.Fatalf("waiting = %d, total %d; want 4, 5", m.Waiting("L"), m.Total())
 	}
 	if got := m.QueuedLocks(); len(got) != 2 {
 		t.Fatalf("queued locks = %v; want L and M", got)
@@ -638,8 +638,8 @@ func TestWaiters(t *testing.T) {
 	if m.Cancel(ws[1]) {
 		t.Fatalf("second Cancel = true")
 	}
-	if m.Waiting("L") != 3 || m.TotalWaiting() != 4 {
-		t.Fatalf("after cancel: waiting = %d, total %d; want 3, 4", m.Waiting("L"), m.TotalWaiting())
+	if m.Waiting("L") != 3 || m.Total() != 4 {
+		t.Fatalf("after cancel: waiting = %d, total %d; want 3, 4", m.Waiting("L"), m.Total())
 	}
 	// FIFO, skipping the cancelled one.
 	for _, want := range []*Waiter{ws[0], ws[2]} {
@@ -656,8 +656,8 @@ func TestWaiters(t *testing.T) {
 	if got := m.Pop("L"); got != nil {
 		t.Fatalf("Pop of an empty queue = %v; want nil", got)
 	}
-	if m.Waiting("L") != 0 || m.TotalWaiting() != 1 {
-		t.Fatalf("at end: waiting = %d, total %d; want 0, 1", m.Waiting("L"), m.TotalWaiting())
+	if m.Waiting("L") != 0 || m.Total() != 1 {
+		t.Fatalf("at end: waiting = %d, total %d; want 0, 1", m.Waiting("L"), m.Total())
 	}
 	if got := m.QueuedLocks(); len(got) != 1 || got[0] != "M" {
 		t.Fatalf("queued locks = %v; want [M]", got)
@@ -671,12 +671,12 @@ func TestWaiters(t *testing.T) {
 }
 
 func TestWaitersLimit(t *testing.T) {
-	m := NewManager()
+	m := NewQueues()
 	m.Enqueue(NewWaiter(Request{Name: "a"}), 2)
 	m.Enqueue(NewWaiter(Request{Name: "b"}), 2)
 	err := m.Enqueue(NewWaiter(Request{Name: "c"}), 2)
 	wantCode(t, err, fence.CodeLimitExceeded)
-	if m.TotalWaiting() != 2 || m.Waiting("c") != 0 {
+	if m.Total() != 2 || m.Waiting("c") != 0 {
 		t.Fatalf("a refused Enqueue queued the waiter")
 	}
 }

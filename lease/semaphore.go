@@ -448,7 +448,7 @@ func (m *Manager) indexSem(name string, s *semRecord) {
 // grant), Holders every live permit in token order.
 func (m *Manager) infoSem(name string, s *semRecord, now time.Duration) Info {
 	sem := &SemInfo{Limit: s.Limit}
-	in := Info{Name: name, Waiters: m.Waiting(name), Token: s.Last, Sem: sem}
+	in := Info{Name: name, Waiters: m.waiters(name), Token: s.Last, Sem: sem}
 	for _, p := range s.Permits {
 		if p.Expired {
 			continue

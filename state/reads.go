@@ -75,7 +75,7 @@ func (m *Machine) Locks(now time.Duration, prefix, start string, limit, maxBytes
 func (m *Machine) Counters() (Counters, error) {
 	c := Counters{
 		Locks:    m.leases.Held(),
-		Waiters:  m.leases.TotalWaiting(),
+		Waiters:  m.waiters(),
 		Grants:   m.granted.Load(),
 		Expiries: m.expiries.Load(),
 	}
@@ -86,31 +86,27 @@ func (m *Machine) Counters() (Counters, error) {
 	return c, err
 }
 
+// Queues are the FIFO queues of callers waiting for locks (Waiters), one
+// per lock, which each driver keeps for itself: in memory, never
+// replicated (see lease.Queues).
+type Queues = lease.Queues
+
+// NewQueues returns empty queues.
+func NewQueues() *Queues { return lease.NewQueues() }
+
 // Waiter is a caller queued for a lock (FIFO per lock).
 type Waiter = lease.Waiter
 
-// NewWaiter returns a waiter for an acquire of name.
-func NewWaiter(req lease.Request) *Waiter { return lease.NewWaiter(req) }
+// NewWaiter returns a waiter for an acquire.
+func NewWaiter(req LeaseRequest) *Waiter { return lease.NewWaiter(req) }
 
-// Enqueue queues w behind the lock's other waiters, unless max waiters
-// are queued already (ErrLimitExceeded). Any goroutine.
-func (m *Machine) Enqueue(w *Waiter, max int) error { return m.leases.Enqueue(w, max) }
-
-// Requeue puts w, popped and not granted, back at the head of its queue.
-func (m *Machine) Requeue(w *Waiter) { m.leases.Requeue(w) }
-
-// Cancel takes w out of its queue; false means it was popped and its
-// outcome is coming. Any goroutine.
-func (m *Machine) Cancel(w *Waiter) bool { return m.leases.Cancel(w) }
-
-// Pop takes the first waiter of name still waiting, or nil. Any goroutine.
-func (m *Machine) Pop(name string) *Waiter { return m.leases.Pop(name) }
-
-// Waiting is the number of callers queued for name.
-func (m *Machine) Waiting(name string) int { return m.leases.Waiting(name) }
-
-// QueuedLocks names the locks that have waiters.
-func (m *Machine) QueuedLocks() []string { return m.leases.QueuedLocks() }
+// SetQueues names the driver's queues of callers waiting for locks (a
+// single node's, a cluster leader's: in memory, never replicated), so that
+// LockInfo, Locks and Counters count them. Call it before serving.
+func (m *Machine) SetQueues(q *Queues) {
+	m.queues = q
+	m.leases.SetQueues(q)
+}
 
 // NextDue, DueLocks and Wake drive an expiry loop: NextDue is the earliest
 // time a lease or lock-delay is due (and arms Wake for anything earlier),
@@ -118,3 +114,11 @@ func (m *Machine) QueuedLocks() []string { return m.leases.QueuedLocks() }
 func (m *Machine) NextDue() (time.Duration, bool)               { return m.leases.Arm() }
 func (m *Machine) DueLocks(now time.Duration, max int) []string { return m.leases.Due(now, max) }
 func (m *Machine) Wake() <-chan struct{}                        { return m.leases.Wake() }
+
+// waiters is the number of callers queued for all locks.
+func (m *Machine) waiters() int {
+	if m.queues == nil {
+		return 0
+	}
+	return m.queues.Total()
+}
