@@ -7,6 +7,8 @@ import (
 	"strings"
 
 	bolt "go.etcd.io/bbolt"
+
+	"github.com/fencekv/fencekv/diskfault"
 )
 
 // Buckets and counters are looked up on first use: most read-only
@@ -130,6 +132,9 @@ func (t *Tx) commit() error {
 	}
 	if err := t.tx.Commit(); err != nil {
 		return fmt.Errorf("kv: commit: %w", err)
+	}
+	if diskfault.Enabled {
+		diskfault.DataCommitted(t.s.db.Path(), t.s.image) // the power-loss recorder
 	}
 	return nil
 }
