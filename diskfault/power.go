@@ -2,6 +2,7 @@ package diskfault
 
 import (
 	"bufio"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"hash/fnv"
@@ -27,8 +28,8 @@ const (
 	// Partial keeps the first half (rounded up) of each log's unsynced
 	// writes, whole: the disk wrote some of the dirty pages, in order.
 	Partial Mode = "partial"
-	// Torn keeps them all, but only the first half of the bytes of the
-	// last one: the last record is cut short (past the file's end) or,
+	// Torn keeps them all, but the last one only up to the middle of its
+	// last record: that record is cut short (past the file's end) or,
 	// where it overwrote older bytes, garbled (its checksum fails).
 	Torn Mode = "torn"
 )
@@ -247,7 +248,7 @@ func cutLog(path, shadow string, pending [][2]int64, mode Mode) (FileCut, error)
 	for i, w := range pending[:fc.Kept] {
 		off, n := w[0], w[1]
 		if mode == Torn && i == fc.Kept-1 {
-			n = max(n/2, 1)
+			n = tear(left, off, n)
 			fc.Torn = true
 		}
 		end := min(off+n, int64(len(left)))
@@ -263,4 +264,25 @@ func cutLog(path, shadow string, pending [][2]int64, mode Mode) (FileCut, error)
 		return fc, err
 	}
 	return fc, nil
+}
+
+// tear returns how many of the n bytes written at off in data (the file
+// as the killed process left it) a torn write keeps: up to the middle of
+// the last record they hold. A write is one or more records of package
+// wal, each a 16-byte header whose first 4 bytes are the payload's length
+// (big-endian); if they do not parse, half the write.
+func tear(data []byte, off, n int64) int64 {
+	end := min(off+n, int64(len(data)))
+	last, p := int64(-1), off
+	for p+16 <= end {
+		size := 16 + int64(binary.BigEndian.Uint32(data[p:]))
+		if p+size > end {
+			break
+		}
+		last, p = p, p+size
+	}
+	if last < 0 || p != end {
+		return max(n/2, 1)
+	}
+	return last - off + (p-last)/2
 }

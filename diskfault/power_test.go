@@ -133,6 +133,13 @@ type checkReport struct {
 		Error   string `json:"error"`
 		Offset  *int64 `json:"corrupt_offset"`
 	} `json:"log"`
+	RaftLog *struct { // a cluster node's
+		OK      bool   `json:"ok"`
+		Entries uint64 `json:"entries"`
+		Last    uint64 `json:"last"`
+		Torn    bool   `json:"torn"`
+		Error   string `json:"error"`
+	} `json:"raft_log"`
 }
 
 // fencekvCheck runs `fencekv check --json` on dir: its report and exit
