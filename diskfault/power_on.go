@@ -70,6 +70,9 @@ func abs(path string) string {
 // is on the disk (the process starts on a dir a power cut left, rebuilt
 // by PowerCut, or on a new one).
 func LogOpened(path string, data []byte) {
+	if recDir == "" {
+		return
+	}
 	pmu.Lock()
 	defer pmu.Unlock()
 	j := recording()
@@ -88,6 +91,9 @@ func LogOpened(path string, data []byte) {
 // LogWrite records that n bytes are about to be written at off in the log
 // at path (not durable until LogSynced).
 func LogWrite(path string, off, n int64) {
+	if recDir == "" {
+		return
+	}
 	pmu.Lock()
 	defer pmu.Unlock()
 	j := recording()
@@ -108,6 +114,9 @@ func LogSynced(path string, f io.ReaderAt) { logSynced(path, f, -1) }
 func LogTruncated(path string, f io.ReaderAt, off int64) { logSynced(path, f, off) }
 
 func logSynced(path string, f io.ReaderAt, cut int64) {
+	if recDir == "" {
+		return
+	}
 	pmu.Lock()
 	defer pmu.Unlock()
 	j := recording()
@@ -152,6 +161,9 @@ func logSynced(path string, f io.ReaderAt, cut int64) {
 // committed, the image a power cut leaves. Also called when the file is
 // opened (what is on the disk then).
 func DataCommitted(path string, writeTo func(io.Writer) error) {
+	if recDir == "" {
+		return
+	}
 	pmu.Lock()
 	defer pmu.Unlock()
 	j := recording()
