@@ -6,9 +6,8 @@ import (
 	"fmt"
 	"strings"
 
-	bolt "go.etcd.io/bbolt"
-
 	"github.com/fencekv/fencekv/diskfault"
+	bolt "go.etcd.io/bbolt"
 )
 
 // Buckets and counters are looked up on first use: most read-only
