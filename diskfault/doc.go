@@ -57,4 +57,52 @@
 // reads there whether a node went on to sync again after a failed fsync.
 // A malformed rule makes the process exit at start (or, from the file,
 // is logged and ignored), rather than run a test without its fault.
+//
+// # Power loss
+//
+// A process killed with SIGKILL loses nothing it wrote: the page cache
+// outlives it, so kill -9 never shows a write lost for want of an fsync.
+// A power cut does. In a build with failpoints, FENCEKV_POWERLOSS_DIR
+// (PowerLossEnv) names a dir where the process records what a power cut
+// would leave, and PowerCut, run after the kill, rebuilds the data dir
+// from it. Every file of the data dir that the logs and bbolt write:
+//
+//   - a log (the write-ahead log; a raft log segment; package wal's
+//     Open, Append, Sync and Truncate call the hooks): at Open, a copy of
+//     the file (the shadow: what is on the disk); at each Append, the
+//     span written, in the journal; after each fdatasync that returned,
+//     those spans copied from the file into the shadow. The shadow is
+//     exactly the bytes the syncs made durable. It keeps the bytes of
+//     records from before a checkpoint's Reset, which a new record
+//     overwrites in place; a "synced length" per file would not: after a
+//     Reset the log's synced length is smaller than the durable bytes, and
+//     after Open it says nothing of the old bytes past the next append.
+//   - a bbolt file (the data file; a cluster node's state file: package
+//     kv calls the hook after each commit returns, and at Open): a
+//     consistent copy (a read transaction's WriteTo), written to a
+//     temporary name and renamed, so a kill midway leaves the last one.
+//     bbolt writes the file only in a commit, and a commit returns after
+//     its fsyncs, so the copy is what the disk holds until the next.
+//
+// PowerCut gives each log its shadow plus, per Mode, none of the writes
+// made after its last sync (Clean), the first half of them whole
+// (Partial), or all of them, the last one cut in the middle of its last
+// record (Torn: cut short at the file's end, or, over older bytes, a bad
+// checksum); each bbolt file gets its last copy. Open counts as durable
+// whatever the file holds, so every start on the dir must follow a
+// PowerCut (or be the first).
+//
+// The recorder writes its journal and copies without an fsync of its
+// own: the tests kill the process and keep the machine, so its page cache
+// is as good as a disk; each hook has written its record before the call
+// it follows returns (before a write is acknowledged). One that cannot
+// record makes the process exit (status 3): a test must not pass on a
+// rebuild that does not match what the process did.
+//
+// Not modelled: raft.db (raft-boltdb's bbolt, term and vote, synced per
+// commit; it bypasses package kv) and raft's snapshots (written, synced
+// and renamed by raft), which keep what the kill left; a bbolt commit
+// torn midway; directory entries (a file created or removed counts as
+// durable at once; the code syncs the dirs it changes); and an fsync
+// that returns without syncing (the recorder trusts it).
 package diskfault

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/fencekv/fencekv/diskfault"
 	"github.com/fencekv/fencekv/fence"
 	bolt "go.etcd.io/bbolt"
 	berrors "go.etcd.io/bbolt/errors"
@@ -175,6 +176,9 @@ func Open(path string, opts Options) (*Store, error) {
 	if err := safely(path, s.init); err != nil {
 		db.Close()
 		return nil, err
+	}
+	if diskfault.Enabled {
+		diskfault.DataCommitted(path, s.image) // the power-loss recorder: what is on the disk
 	}
 	return s, nil
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 
+	"github.com/fencekv/fencekv/diskfault"
 	bolt "go.etcd.io/bbolt"
 )
 
@@ -130,6 +131,9 @@ func (t *Tx) commit() error {
 	}
 	if err := t.tx.Commit(); err != nil {
 		return fmt.Errorf("kv: commit: %w", err)
+	}
+	if diskfault.Enabled {
+		diskfault.DataCommitted(t.s.db.Path(), t.s.image) // the power-loss recorder
 	}
 	return nil
 }

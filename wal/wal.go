@@ -170,6 +170,9 @@ func Open(path string, after uint64) (*Log, []Record, Tail, error) {
 		}
 		return nil, nil, Tail{}, err
 	}
+	if diskfault.Enabled {
+		diskfault.LogOpened(path, data) // the power-loss recorder: what is on the disk
+	}
 	l := &Log{f: f, faults: "wal"}
 	if len(recs) > 0 {
 		l.off = tail.Offset
@@ -345,6 +348,7 @@ func (l *Log) Append(lsn uint64, payloads ...[]byte) error {
 		if err := diskfault.Hit(l.faults + ".write"); err != nil {
 			return fmt.Errorf("wal: append: %w", err)
 		}
+		diskfault.LogWrite(l.f.Name(), l.off, int64(len(b)))
 	}
 	if _, err := l.f.WriteAt(b, l.off); err != nil {
 		return fmt.Errorf("wal: append: %w", err)
@@ -377,6 +381,9 @@ func (l *Log) Sync() error {
 	}
 	if err := fdatasync(l.f); err != nil {
 		return fmt.Errorf("wal: sync: %w", err)
+	}
+	if diskfault.Enabled {
+		diskfault.LogSynced(l.f.Name(), l.f)
 	}
 	l.synced = l.off
 	return nil
@@ -431,6 +438,9 @@ func (l *Log) Truncate(off int64) error {
 	}
 	if err := fdatasync(l.f); err != nil {
 		return fmt.Errorf("wal: truncate: %w", err)
+	}
+	if diskfault.Enabled {
+		diskfault.LogTruncated(l.f.Name(), l.f, off)
 	}
 	l.off = off
 	l.synced = min(l.synced, off)
