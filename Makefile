@@ -97,6 +97,8 @@ fuzz:
 verify: build
 	bash verify/live.sh ./$(BIN) --rounds 100 --ttl 500ms --clients 4 --updates 400
 	FENCEKV_VERIFY_LONG=1 $(GO) test -run 'Lin|Crash|GrowFromOne' -count=1 -v -timeout 30m ./verify
+	$(GO) test -count=1 -v -timeout 10m ./diskfault
+	$(GO) test -run 'ClockDrift|LeaseTimeFromClock|ElectionFailover' -count=1 -v ./cluster
 
 # `fencekv verify` against a 3-node cluster (every node's address, --addr
 # a,b,c) while the leader is killed with -9 and restarted, and paused with
