@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -66,8 +67,8 @@ func BenchmarkWireRound(b *testing.B) {
 		done:     func(cmds []state.Command) { rec.markCmds(cmds, stCommitted) },
 	})
 	defer stamps.Store(nil)
-	wireTimeline = rec
-	defer func() { wireTimeline = nil }()
+	wireTimeline.Store(rec)
+	defer wireTimeline.Store(nil)
 	value := []byte(strings.Repeat("v", 128))
 	run := 0
 	for _, clients := range []int{1, 64} {
@@ -232,11 +233,11 @@ type stampEngine struct {
 	*Node
 }
 
-var wireTimeline *timeline // the running benchmark's (one at a time)
+var wireTimeline atomic.Pointer[timeline] // the running benchmark's (one at a time)
 
 func (e stampEngine) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
 	in, out := stLeader, stAnswered
-	if rec := wireTimeline; rec != nil {
+	if rec := wireTimeline.Load(); rec != nil {
 		rec.mu.Lock()
 		isFollower := e.Node == rec.follower
 		rec.mu.Unlock()
