@@ -116,9 +116,17 @@ func (p *proposer) run() {
 			for i := range cmds {
 				cmds[i].Now = now
 			}
+			h := stamps.Load()
+			if h != nil {
+				h.dispatch(cmds)
+			}
 			f := p.n.raft.Apply(state.EncodeBatch(cmds), p.n.cfg.HoldTimeout)
 			p.n.wg.Go(func() { // safe while Close waits: this goroutine holds a count
 				defer func() { <-p.slots }()
+				if h != nil {
+					f.Error() // waits; finish asks again and gets the same
+					h.done(cmds)
+				}
 				finish(f, batch)
 			})
 		}
