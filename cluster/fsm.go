@@ -31,8 +31,10 @@ type fsm struct {
 	log *slog.Logger
 
 	// freed receives the names of locks that a command freed (a release
-	// or an expiry), for the leader's hand-off to waiters.
-	freed func(name string)
+	// or an expiry), for the leader's hand-off to waiters: once the batch
+	// is published, so that the hand-off reads the lock as freed.
+	freed      func(name string)
+	freedNames []string // the batch's, until it is published (FSM goroutine)
 	// failed is called once, from ApplyBatch, when the machine has failed.
 	failed     func(error)
 	failedOnce sync.Once
@@ -104,6 +106,8 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		if f.failed != nil {
 			f.failedOnce.Do(func() { f.failed(err) })
 		}
+		clear(f.freedNames)
+		f.freedNames = f.freedNames[:0]
 		return out
 	}
 	if last > f.m.Applied() {
@@ -112,6 +116,16 @@ func (f *fsm) ApplyBatch(logs []*raft.Log) []any {
 		// between would be applied a second time.
 		f.m.Publish(last)
 	}
+	// Only now: a hand-off that read the lock before the batch was
+	// published found it still held, and gave up until the next kick,
+	// which never came (a queued acquire then waited out its wait
+	// although the lock was free: TestClockDriftBound after
+	// TestQueuedAcquireCutDuringHandOff, under -race).
+	for _, name := range f.freedNames {
+		f.freed(name)
+	}
+	clear(f.freedNames)
+	f.freedNames = f.freedNames[:0]
 	f.sinceCkpt += len(logs)
 	if f.sinceCkpt >= checkpointEntries || time.Since(f.lastCkpt) >= checkpointEvery {
 		if err := f.m.Checkpoint(); err != nil {
@@ -140,7 +154,7 @@ func (f *fsm) applyEntry(l *raft.Log) any {
 		}
 		res[i] = r
 		if r.Freed && f.freed != nil {
-			f.freed(cmds[i].Lease.Name)
+			f.freedNames = append(f.freedNames, cmds[i].Lease.Name)
 		}
 	}
 	return res
