@@ -23,13 +23,8 @@ func (c rateClock) Now() time.Time {
 }
 
 func (c rateClock) NewTimer(d time.Duration) fencekv.Timer {
-	return realTimer{time.NewTimer(time.Duration(float64(d) / c.rate))}
+	return fencekv.RealClock().NewTimer(time.Duration(float64(d) / c.rate))
 }
-
-type realTimer struct{ t *time.Timer }
-
-func (t realTimer) C() <-chan time.Time { return t.t.C }
-func (t realTimer) Stop() bool          { return t.t.Stop() }
 
 // TestClockDriftBound: the servers' clocks run twice as fast as the
 // client's, and the holder's renewals stop (here: none is due before it

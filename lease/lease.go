@@ -17,7 +17,6 @@ package lease
 import (
 	"fmt"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/fencekv/fencekv/fence"
@@ -67,10 +66,10 @@ type Info struct {
 // Manager keeps the in-memory side of leases: the deadline index and the
 // waiter queues. Records live in the store.
 type Manager struct {
-	mu      sync.Mutex // guards idx, held, armed, armedOK
-	idx     *index
-	held    int                    // leases held as of the last applied command
-	waiting atomic.Pointer[Queues] // the driver's queues, for Info's waiter counts (SetQueues)
+	mu     sync.Mutex // guards idx, held, armed, armedOK
+	idx    *index
+	held   int     // leases held as of the last applied command
+	queues *Queues // the driver's, for the waiter counts (SetQueues); set before use
 
 	// The time the expiry loop will look next, as it last said (Arm);
 	// armedOK is false when it waits for nothing but a wake.
@@ -89,16 +88,25 @@ func NewManager() *Manager {
 }
 
 // SetQueues names the queues of callers waiting for locks, which the
-// driver owns, so that Info counts a lock's waiters.
-func (m *Manager) SetQueues(q *Queues) { m.waiting.Store(q) }
+// driver owns, so that Info and TotalWaiting count them. Call it before
+// the Manager is used.
+func (m *Manager) SetQueues(q *Queues) { m.queues = q }
 
 // waiters is the number of callers queued for name, by the driver's
 // queues.
 func (m *Manager) waiters(name string) int {
-	if q := m.waiting.Load(); q != nil {
-		return q.Waiting(name)
+	if m.queues == nil {
+		return 0
 	}
-	return 0
+	return m.queues.Waiting(name)
+}
+
+// TotalWaiting is the number of callers queued for all locks.
+func (m *Manager) TotalWaiting() int {
+	if m.queues == nil {
+		return 0
+	}
+	return m.queues.Total()
 }
 
 // Wake returns a channel that receives when a lease or lock-delay becomes

@@ -48,7 +48,6 @@ type Machine struct {
 	smu    sync.RWMutex // guards store against Restore for readers (the write side swaps it itself)
 	store  *kv.Store
 	leases *lease.Manager
-	queues *lease.Queues // the driver's (SetQueues); nil: none
 	opts   kv.Options
 
 	applied uint64                // the last log index published

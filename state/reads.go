@@ -75,7 +75,7 @@ func (m *Machine) Locks(now time.Duration, prefix, start string, limit, maxBytes
 func (m *Machine) Counters() (Counters, error) {
 	c := Counters{
 		Locks:    m.leases.Held(),
-		Waiters:  m.waiters(),
+		Waiters:  m.leases.TotalWaiting(),
 		Grants:   m.granted.Load(),
 		Expiries: m.expiries.Load(),
 	}
@@ -103,10 +103,7 @@ func NewWaiter(req LeaseRequest) *Waiter { return lease.NewWaiter(req) }
 // SetQueues names the driver's queues of callers waiting for locks (a
 // single node's, a cluster leader's: in memory, never replicated), so that
 // LockInfo, Locks and Counters count them. Call it before serving.
-func (m *Machine) SetQueues(q *Queues) {
-	m.queues = q
-	m.leases.SetQueues(q)
-}
+func (m *Machine) SetQueues(q *Queues) { m.leases.SetQueues(q) }
 
 // NextDue, DueLocks and Wake drive an expiry loop: NextDue is the earliest
 // time a lease or lock-delay is due (and arms Wake for anything earlier),
@@ -114,11 +111,3 @@ func (m *Machine) SetQueues(q *Queues) {
 func (m *Machine) NextDue() (time.Duration, bool)               { return m.leases.Arm() }
 func (m *Machine) DueLocks(now time.Duration, max int) []string { return m.leases.Due(now, max) }
 func (m *Machine) Wake() <-chan struct{}                        { return m.leases.Wake() }
-
-// waiters is the number of callers queued for all locks.
-func (m *Machine) waiters() int {
-	if m.queues == nil {
-		return 0
-	}
-	return m.queues.Total()
-}
