@@ -303,6 +303,7 @@ final class Link {
             owner = PROBE;
         }
         try {
+            if (bin.pushed >= 0) return; // a byte came, still unread: the connection was alive then (and another probe would lose it)
             java.nio.ByteBuffer one = java.nio.ByteBuffer.allocate(1);
             int n;
             synchronized (channel.blockingLock()) {
@@ -629,7 +630,6 @@ final class Link {
                     if (!always) {
                         synchronized (rl) {
                             if (pending.isEmpty()) { // no call waits: the next blocked caller reads for itself
-
                                 handOn();
                                 if (owner != READER) break;
                                 ownerThread = me;

@@ -204,4 +204,57 @@ class HandOverTest {
             });
         }
     }
+
+    @Test
+    void callersPausingOftenKeepTheStreamWhole() throws Exception {
+        // Pauses of 2 ms make sends probe the idle connection (Link.probe) while
+        // answers of other callers are on their way: a byte a probe takes must
+        // never be lost or read out of order (a second probe once overwrote it).
+        try (Servers.Server s = Servers.Server.launch();
+                FencekvClient c = FencekvClient.connect(s.addr())) {
+            for (int t = 0; t < 16; t++) c.put("h/p" + t, "v" + t);
+            ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
+            long end = System.nanoTime() + TimeUnit.SECONDS.toNanos(4);
+            AtomicInteger calls = new AtomicInteger();
+            List<Thread> ts = new ArrayList<>();
+            for (int t = 0; t < 16; t++) {
+                String key = "h/p" + t, want = "v" + t;
+                ts.add(start("pauser-" + t, errs, () -> {
+                    ThreadLocalRandom r = ThreadLocalRandom.current();
+                    while (System.nanoTime() - end < 0 && errs.isEmpty()) {
+                        assertEquals(want, c.get(key).valueString());
+                        calls.incrementAndGet();
+                        if (r.nextInt(10) == 0) {
+                            try {
+                                Thread.sleep(2);
+                            } catch (InterruptedException e) {
+                                throw new AssertionError(e);
+                            }
+                        }
+                    }
+                }));
+            }
+            joinAll(ts, errs);
+            assertTrue(calls.get() > 1000, "only " + calls + " calls");
+        }
+    }
+
+    @Test
+    void answersNoOneReadSurviveProbesOfTheIdleConnection() throws Exception {
+        // Interrupted callers leave their answers unread in the socket; each
+        // later send after 1 ms idle probes the connection (Link.probe), which
+        // takes a byte of them: a second probe must not lose the first's byte.
+        try (Servers.Server s = Servers.Server.launch();
+                FencekvClient c = FencekvClient.connect(s.addr())) {
+            c.put("h/k", "v");
+            for (int i = 0; i < 3; i++) {
+                Thread.currentThread().interrupt();
+                FencekvException e = assertThrows(FencekvException.class, () -> c.get("h/k"));
+                assertEquals("interrupted", e.code(), e.toString());
+                assertTrue(Thread.interrupted(), "the interrupt is kept"); // (and cleared here)
+                Thread.sleep(5); // the answer arrives, unread; the next send comes after 1 ms idle
+            }
+            for (int i = 0; i < 20; i++) assertEquals("v", c.get("h/k").valueString());
+        }
+    }
 }
