@@ -241,8 +241,7 @@ public final class FencekvClient implements AutoCloseable {
         if (host.startsWith("[") && host.endsWith("]")) host = host.substring(1, host.length() - 1);
         int port = Integer.parseInt(addr.substring(colon + 1));
         int ms = (int) Math.max(1, connectTimeout.toMillis());
-        // Plain TCP through a channel: an idle link checks it without blocking (see Link.probe).
-        Socket s = java.nio.channels.SocketChannel.open().socket();
+        Socket s = new Socket(); // (not a SocketChannel's: an interrupted caller's read or write would close it for all)
         try {
             s.setTcpNoDelay(true);
             s.connect(new InetSocketAddress(host, port), ms);

@@ -9,7 +9,6 @@ import java.io.InputStream;
 import java.io.OutputStream;
 import java.net.Socket;
 import java.net.SocketTimeoutException;
-import java.nio.channels.SocketChannel;
 import java.util.ArrayDeque;
 import java.util.ArrayList;
 import java.util.Iterator;
@@ -131,9 +130,8 @@ final class Link {
     private final Socket socket;
     private final OutputStream out;
     private final SocketIn bin;
-    private final SocketChannel channel; // a plain TCP link's, probed when idle; null: the link is read by its reader thread only
     private final boolean always; // only the reader thread reads (a watch's link, or TLS)
-    private long lastSend = System.nanoTime(); // guarded by writeLock
+    private volatile long lastSend = System.nanoTime(); // when a call was last sent (see watchIdleNs)
     private final MessageUnpacker in;
     private final ConcurrentHashMap<Long, Pending> pending = new ConcurrentHashMap<>();
     private final AtomicInteger async = new AtomicInteger(); // the calls in pending that are not blocking
@@ -159,11 +157,10 @@ final class Link {
      * The socket's input, under the buffers: a read timeout ends the read
      * only where a message begins ({@link #boundary} set by the reader); in
      * the middle of one it reads on, so that the stream is never cut inside a
-     * message. It also gives back the byte a probe took (see {@link #probe}).
+     * message.
      */
     private static final class SocketIn extends FilterInputStream {
         boolean boundary; // used by the reading thread only
-        int pushed = -1; // a byte a probe read, to be read first
 
         SocketIn(InputStream in) {
             super(in);
@@ -179,11 +176,6 @@ final class Link {
         @Override
         public int read(byte[] b, int off, int len) throws IOException {
             if (len == 0) return 0;
-            if (pushed >= 0) {
-                b[off] = (byte) pushed;
-                pushed = -1;
-                return 1;
-            }
             while (true) {
                 try {
                     return in.read(b, off, len);
@@ -191,11 +183,6 @@ final class Link {
                     if (boundary) throw e;
                 }
             }
-        }
-
-        @Override
-        public int available() throws IOException {
-            return (pushed >= 0 ? 1 : 0) + in.available();
         }
     }
 
@@ -206,8 +193,7 @@ final class Link {
         this.bin = new SocketIn(socket.getInputStream());
         this.in = MessagePack.newDefaultUnpacker(new BufferedInputStream(bin, 64 * 1024));
         this.onNotification = onNotification;
-        this.channel = socket instanceof javax.net.ssl.SSLSocket ? null : socket.getChannel();
-        this.always = onNotification != null || channel == null;
+        this.always = onNotification != null || socket instanceof javax.net.ssl.SSLSocket;
         if (always) owner = READER; // its reader thread reads, for good
         readerThread = new Thread(this::readerLoop, "fencekv-reader " + addr);
         readerThread.setDaemon(true);
@@ -242,11 +228,7 @@ final class Link {
         boolean blocking = b != null && b.pending == null;
         Pending p;
         synchronized (writeLock) {
-            if (!always && !dead) {
-                long now = System.nanoTime();
-                if (now - lastSend >= PROBE_IDLE_NS) probe();
-                lastSend = now;
-            }
+            if (!always) lastSend = System.nanoTime();
             if (dead) throw new NotSent();
             long id;
             do {
@@ -281,52 +263,13 @@ final class Link {
     }
 
     /**
-     * How long a link must have sent nothing before a send checks that the
-     * server has not closed it meanwhile (as a stopped or restarted server
-     * has): with no reader thread blocked in a read, no one else would notice
-     * before the request went into the dead connection, its outcome unknown.
+     * How long a link must have sent nothing before its reader thread, if no
+     * one reads, reads it (and so sees at once a server close, as of a stopped
+     * or restarted server, and the next send fails as not sent instead of
+     * going into the dead connection, its outcome unknown). The first call
+     * after such an idle spell is read by the reader thread, as before.
      */
-    static final long PROBE_IDLE_NS = 1_000_000;
-
-    /** The owner that stands for a probe. */
-    private static final Object PROBE = new Object();
-
-    /**
-     * Checks, without blocking, whether the server closed the connection (then
-     * fails the link); under writeLock, and only if no one holds the read side
-     * (a reader would have seen the close). A byte that came is given back to
-     * the stream.
-     */
-    private void probe() {
-        synchronized (rl) {
-            if (owner != null) return;
-            owner = PROBE;
-        }
-        try {
-            if (bin.pushed >= 0) return; // a byte came, still unread: the connection was alive then (and another probe would lose it)
-            java.nio.ByteBuffer one = java.nio.ByteBuffer.allocate(1);
-            int n;
-            synchronized (channel.blockingLock()) {
-                channel.configureBlocking(false);
-                try {
-                    n = channel.read(one);
-                } finally {
-                    channel.configureBlocking(true);
-                }
-            }
-            if (n < 0) {
-                fail(answered ? "closed by the server" : "closed by the server before any answer (does it require TLS? is it at its connection limit?)");
-            } else if (n > 0) {
-                bin.pushed = one.get(0) & 0xff;
-            }
-        } catch (IOException | RuntimeException e) {
-            fail("read failed: " + e);
-        } finally {
-            synchronized (rl) {
-                handOn();
-            }
-        }
-    }
+    static volatile long watchIdleNs = 1_000_000; // (tests change it)
 
     /** An async call waits and no one reads: the reader thread takes the read side. */
     private void wakeReader() {
@@ -610,23 +553,37 @@ final class Link {
         }
     }
 
-    /** The reader thread: reads while it holds the read side (async calls wait, no caller is blocked). */
+    /**
+     * The reader thread: reads while it holds the read side (async calls
+     * wait, or callers contend), and takes it to watch the connection when it
+     * has been idle watchIdleNs with no one reading (polling for that every
+     * millisecond while callers read for themselves).
+     */
     private void readerLoop() {
         Thread me = Thread.currentThread();
         while (true) {
             synchronized (rl) {
-                while (owner != READER && !dead) {
+                while (true) {
+                    if (dead) return;
+                    if (owner == READER) break;
+                    if (!always && owner == null && System.nanoTime() - lastSend >= watchIdleNs) {
+                        owner = READER;
+                        break;
+                    }
                     try {
-                        rl.wait();
+                        rl.wait(1); // notified when the read side is handed to it; polls for idleness (a holder gives it up without a word)
                     } catch (InterruptedException e) {
                         return;
                     }
                 }
-                if (dead) return;
             }
             ownerThread = me;
             try {
                 while (!dead) {
+                    if (awaitMessage(null)) {
+                        threadReads++; // (written by this thread only; counted before the answer completes its call)
+                        readMessage();
+                    }
                     if (!always) {
                         synchronized (rl) {
                             if (pending.isEmpty()) { // no call waits: the next blocked caller reads for itself
@@ -635,10 +592,6 @@ final class Link {
                                 ownerThread = me;
                             }
                         }
-                    }
-                    if (awaitMessage(null)) {
-                        threadReads++; // (written by this thread only; counted before the answer completes its call)
-                        readMessage();
                     }
                 }
             } catch (IOException | RuntimeException e) {

@@ -60,7 +60,9 @@ class HandOverTest {
             Link l = c.current();
             long before = l.threadReads();
             for (int i = 0; i < 200; i++) assertEquals("v", c.get("h/k").valueString());
-            assertEquals(before, l.threadReads(), "the reader thread read answers of a lone blocking caller");
+            // (It may read a few: the first call after 1 ms idle, the connection watched meanwhile.)
+            assertTrue(l.threadReads() - before < 100, "the reader thread read " + (l.threadReads() - before)
+                    + " of 200 answers of a lone blocking caller");
             // An async call with no blocked caller is read by the reader thread.
             assertEquals("v", c.getAsync(Codec.bytes("h/k")).get(10, TimeUnit.SECONDS).valueString());
             assertTrue(l.threadReads() > before, "no one read the async call's answer but the reader thread");
@@ -113,103 +115,120 @@ class HandOverTest {
 
     @Test
     void aReaderWhoseCallTimesOutHandsTheReadingOn() throws Exception {
-        try (Servers.Server s = Servers.Server.launch();
-                FencekvClient holder = FencekvClient.connect(s.addr());
-                FencekvClient c = FencekvClient.connect(s.addr())) {
-            holder.acquire("h/held", Duration.ofSeconds(60));
-            c.put("h/k", "v");
-            ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
-            long[] tookA = new long[1];
-            Thread a = start("reader", errs, () -> {
-                long t0 = System.nanoTime();
-                ConnectionException e = assertThrows(ConnectionException.class, () -> waitingAcquire(c, "h/held", 3_000, 300));
-                tookA[0] = (System.nanoTime() - t0) / 1_000_000;
-                assertTrue(e.getMessage().contains("no answer within 300 ms"), e.getMessage());
-                assertTrue(e.outcomeUnknown(), "an acquire may have been applied");
-            });
-            Link l = c.current();
-            Servers.waitFor(Duration.ofSeconds(5), "the caller to read", () -> l.readingThread() == a);
-            // Blocked behind the reader: a call answered while it reads, and one answered after it left.
-            List<Thread> ts = new ArrayList<>();
-            ts.add(start("get", errs, () -> assertEquals("v", c.get("h/k").valueString())));
-            long[] tookB = new long[1];
-            ts.add(start("late", errs, () -> {
-                long t0 = System.nanoTime();
-                assertThrows(LockHeldException.class, () -> waitingAcquire(c, "h/held", 800, 10_000));
-                tookB[0] = (System.nanoTime() - t0) / 1_000_000;
-            }));
-            ts.add(a);
-            joinAll(ts, errs);
-            assertTrue(tookA[0] >= 299 && tookA[0] < 2_500, "the reader's call timed out after " + tookA[0] + " ms");
-            assertTrue(tookB[0] >= 790, "the late call was answered after " + tookB[0] + " ms, its wait 800 ms");
-            assertEquals("v", c.get("h/k").valueString());
+        long idle = Link.watchIdleNs;
+        Link.watchIdleNs = Long.MAX_VALUE; // the reader thread does not watch the idle connection: the caller reads
+        try {
+            try (Servers.Server s = Servers.Server.launch();
+                    FencekvClient holder = FencekvClient.connect(s.addr());
+                    FencekvClient c = FencekvClient.connect(s.addr())) {
+                holder.acquire("h/held", Duration.ofSeconds(60));
+                c.put("h/k", "v");
+                ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
+                long[] tookA = new long[1];
+                Thread a = start("reader", errs, () -> {
+                    long t0 = System.nanoTime();
+                    ConnectionException e = assertThrows(ConnectionException.class, () -> waitingAcquire(c, "h/held", 3_000, 300));
+                    tookA[0] = (System.nanoTime() - t0) / 1_000_000;
+                    assertTrue(e.getMessage().contains("no answer within 300 ms"), e.getMessage());
+                    assertTrue(e.outcomeUnknown(), "an acquire may have been applied");
+                });
+                Link l = c.current();
+                Servers.waitFor(Duration.ofSeconds(5), "the caller to read", () -> l.readingThread() == a);
+                // Blocked behind the reader: a call answered while it reads, and one answered after it left.
+                List<Thread> ts = new ArrayList<>();
+                ts.add(start("get", errs, () -> assertEquals("v", c.get("h/k").valueString())));
+                long[] tookB = new long[1];
+                ts.add(start("late", errs, () -> {
+                    long t0 = System.nanoTime();
+                    assertThrows(LockHeldException.class, () -> waitingAcquire(c, "h/held", 800, 10_000));
+                    tookB[0] = (System.nanoTime() - t0) / 1_000_000;
+                }));
+                ts.add(a);
+                joinAll(ts, errs);
+                assertTrue(tookA[0] >= 299 && tookA[0] < 2_500, "the reader's call timed out after " + tookA[0] + " ms");
+                assertTrue(tookB[0] >= 790, "the late call was answered after " + tookB[0] + " ms, its wait 800 ms");
+                assertEquals("v", c.get("h/k").valueString());
+            }
+        } finally {
+            Link.watchIdleNs = idle;
         }
     }
 
     @Test
     void asyncCallsWhileABlockingCallerReads() throws Exception {
-        try (Servers.Server s = Servers.Server.launch();
-                FencekvClient holder = FencekvClient.connect(s.addr());
-                FencekvClient c = FencekvClient.connect(s.addr())) {
-            holder.acquire("h/held", Duration.ofSeconds(60));
-            c.put("h/k", "v");
-            c.put("h/k2", "w");
-            ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
-            Thread a = start("reader", errs, () -> assertThrows(LockHeldException.class, () -> waitingAcquire(c, "h/held", 2_000, 10_000)));
-            Link l = c.current();
-            Servers.waitFor(Duration.ofSeconds(5), "the caller to read", () -> l.readingThread() == a);
-            List<CompletableFuture<Entry>> fs = new ArrayList<>();
-            for (int i = 0; i < 20; i++) fs.add(c.getAsync(Codec.bytes("h/k")));
-            // A callback that makes a blocking call, on the thread that completes the future (the reader).
-            CompletableFuture<String> nested = c.getAsync(Codec.bytes("h/k")).thenApply(e -> e.valueString() + c.get("h/k2").valueString());
-            for (CompletableFuture<Entry> f : fs) assertEquals("v", f.get(1_500, TimeUnit.MILLISECONDS).valueString());
-            assertEquals("vw", nested.get(1_500, TimeUnit.MILLISECONDS));
-            assertTrue(a.isAlive(), "the reader's own call is still waiting");
-            joinAll(List.of(a), errs);
-            // An async call whose callback blocks, read by the reader thread (no blocked caller).
-            assertEquals("vw", c.getAsync(Codec.bytes("h/k")).thenApply(e -> e.valueString() + c.get("h/k2").valueString()).get(5, TimeUnit.SECONDS));
+        long idle = Link.watchIdleNs;
+        Link.watchIdleNs = Long.MAX_VALUE; // the reader thread does not watch the idle connection: the caller reads
+        try {
+            try (Servers.Server s = Servers.Server.launch();
+                    FencekvClient holder = FencekvClient.connect(s.addr());
+                    FencekvClient c = FencekvClient.connect(s.addr())) {
+                holder.acquire("h/held", Duration.ofSeconds(60));
+                c.put("h/k", "v");
+                c.put("h/k2", "w");
+                ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
+                Thread a = start("reader", errs, () -> assertThrows(LockHeldException.class, () -> waitingAcquire(c, "h/held", 2_000, 10_000)));
+                Link l = c.current();
+                Servers.waitFor(Duration.ofSeconds(5), "the caller to read", () -> l.readingThread() == a);
+                List<CompletableFuture<Entry>> fs = new ArrayList<>();
+                for (int i = 0; i < 20; i++) fs.add(c.getAsync(Codec.bytes("h/k")));
+                // A callback that makes a blocking call, on the thread that completes the future (the reader).
+                CompletableFuture<String> nested = c.getAsync(Codec.bytes("h/k")).thenApply(e -> e.valueString() + c.get("h/k2").valueString());
+                for (CompletableFuture<Entry> f : fs) assertEquals("v", f.get(1_500, TimeUnit.MILLISECONDS).valueString());
+                assertEquals("vw", nested.get(1_500, TimeUnit.MILLISECONDS));
+                assertTrue(a.isAlive(), "the reader's own call is still waiting");
+                joinAll(List.of(a), errs);
+                // An async call whose callback blocks, read by the reader thread (no blocked caller).
+                assertEquals("vw", c.getAsync(Codec.bytes("h/k")).thenApply(e -> e.valueString() + c.get("h/k2").valueString()).get(5, TimeUnit.SECONDS));
+            }
+        } finally {
+            Link.watchIdleNs = idle;
         }
     }
 
     @Test
     void brokenWhileACallerReads() throws Exception {
-        try (Servers.Server s = Servers.Server.launch();
-                CutProxy p = new CutProxy(s.addr());
-                FencekvClient c = FencekvClient.builder().addresses(p.addr()).backoff(Duration.ofMillis(10), Duration.ofMillis(50)).build()) {
-            c.put("h/k", "v0");
-            p.dropAnswers = true; // the server answers; nothing comes back
-            ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
-            ConnectionException[] got = new ConnectionException[2];
-            Thread w = start("writer", errs, () -> got[0] = assertThrows(ConnectionException.class, () -> c.put("h/k", "v1")));
-            Link l = c.current();
-            Servers.waitFor(Duration.ofSeconds(5), "the writer to read", () -> l.readingThread() == w);
-            Thread r = start("getter", errs, () -> got[1] = assertThrows(ConnectionException.class, () -> c.get("h/k")));
-            CompletableFuture<WriteResult> async = c.putAsync(Codec.bytes("h/k"), Codec.bytes("v2"), WriteOptions.NONE);
-            Servers.waitFor(Duration.ofSeconds(5), "the calls to be sent", () -> r.getState() == Thread.State.WAITING
-                    || r.getState() == Thread.State.TIMED_WAITING);
-            p.cut();
-            joinAll(List.of(w, r), errs);
-            assertTrue(got[0].outcomeUnknown(), "the reader's write may have been applied: " + got[0]);
-            assertFalse(got[1].outcomeUnknown(), "a read: " + got[1]);
-            ExecutionException e = assertThrows(ExecutionException.class, () -> async.get(10, TimeUnit.SECONDS));
-            assertInstanceOf(ConnectionException.class, e.getCause());
-            assertTrue(((ConnectionException) e.getCause()).outcomeUnknown(), "an async write: " + e.getCause());
-            p.dropAnswers = false;
-            Servers.waitFor(Duration.ofSeconds(5), "a new connection", () -> {
-                try {
-                    return c.get("h/k").found();
-                } catch (ConnectionException x) {
-                    return false;
-                }
-            });
+        long idle = Link.watchIdleNs;
+        Link.watchIdleNs = Long.MAX_VALUE; // the reader thread does not watch the idle connection: the caller reads
+        try {
+            try (Servers.Server s = Servers.Server.launch();
+                    CutProxy p = new CutProxy(s.addr());
+                    FencekvClient c = FencekvClient.builder().addresses(p.addr()).backoff(Duration.ofMillis(10), Duration.ofMillis(50)).build()) {
+                c.put("h/k", "v0");
+                p.dropAnswers = true; // the server answers; nothing comes back
+                ConcurrentLinkedQueue<Throwable> errs = new ConcurrentLinkedQueue<>();
+                ConnectionException[] got = new ConnectionException[2];
+                Thread w = start("writer", errs, () -> got[0] = assertThrows(ConnectionException.class, () -> c.put("h/k", "v1")));
+                Link l = c.current();
+                Servers.waitFor(Duration.ofSeconds(5), "the writer to read", () -> l.readingThread() == w);
+                Thread r = start("getter", errs, () -> got[1] = assertThrows(ConnectionException.class, () -> c.get("h/k")));
+                CompletableFuture<WriteResult> async = c.putAsync(Codec.bytes("h/k"), Codec.bytes("v2"), WriteOptions.NONE);
+                Servers.waitFor(Duration.ofSeconds(5), "the calls to be sent", () -> r.getState() == Thread.State.WAITING
+                        || r.getState() == Thread.State.TIMED_WAITING);
+                p.cut();
+                joinAll(List.of(w, r), errs);
+                assertTrue(got[0].outcomeUnknown(), "the reader's write may have been applied: " + got[0]);
+                assertFalse(got[1].outcomeUnknown(), "a read: " + got[1]);
+                ExecutionException e = assertThrows(ExecutionException.class, () -> async.get(10, TimeUnit.SECONDS));
+                assertInstanceOf(ConnectionException.class, e.getCause());
+                assertTrue(((ConnectionException) e.getCause()).outcomeUnknown(), "an async write: " + e.getCause());
+                p.dropAnswers = false;
+                Servers.waitFor(Duration.ofSeconds(5), "a new connection", () -> {
+                    try {
+                        return c.get("h/k").found();
+                    } catch (ConnectionException x) {
+                        return false;
+                    }
+                });
+            }
+        } finally {
+            Link.watchIdleNs = idle;
         }
     }
 
     @Test
     void callersPausingOftenKeepTheStreamWhole() throws Exception {
-        // Pauses of 2 ms make sends probe the idle connection (Link.probe) while
-        // answers of other callers are on their way: a byte a probe takes must
-        // never be lost or read out of order (a second probe once overwrote it).
+        // Pauses of 2 ms let the reader thread take the read side to watch the
+        // idle connection while other callers' answers are on their way.
         try (Servers.Server s = Servers.Server.launch();
                 FencekvClient c = FencekvClient.connect(s.addr())) {
             for (int t = 0; t < 16; t++) c.put("h/p" + t, "v" + t);
@@ -241,16 +260,20 @@ class HandOverTest {
 
     @Test
     void answersNoOneReadSurviveProbesOfTheIdleConnection() throws Exception {
-        // Interrupted callers leave their answers unread in the socket; each
-        // later send after 1 ms idle probes the connection (Link.probe), which
-        // takes a byte of them: a second probe must not lose the first's byte.
+        // Interrupted callers leave their answers unread (or read by the
+        // reader thread watching the idle connection); the connection must
+        // survive them (on a SocketChannel an interrupted write closed it), and
+        // the later calls get their own answers.
         try (Servers.Server s = Servers.Server.launch();
                 FencekvClient c = FencekvClient.connect(s.addr())) {
             c.put("h/k", "v");
             for (int i = 0; i < 3; i++) {
                 Thread.currentThread().interrupt();
-                FencekvException e = assertThrows(FencekvException.class, () -> c.get("h/k"));
-                assertEquals("interrupted", e.code(), e.toString());
+                try {
+                    assertEquals("v", c.get("h/k").valueString()); // answered before the interrupt was looked at
+                } catch (FencekvException e) {
+                    assertEquals("interrupted", e.code(), e.toString());
+                }
                 assertTrue(Thread.interrupted(), "the interrupt is kept"); // (and cleared here)
                 Thread.sleep(5); // the answer arrives, unread; the next send comes after 1 ms idle
             }
