@@ -51,8 +51,15 @@ import org.msgpack.core.MessageUnpacker;
  * <li>The reader thread holds the read side until no call waits, then gives
  * it up; an async call made while no one reads wakes it. A lone caller so
  * reads for itself, contending callers are served as before by one thread.</li>
- * <li>A link with a notification handler (a watch's) is read by its reader
- * thread only, for good: notifications come unasked.</li>
+ * <li>The reader thread also takes the read side when no one reads and
+ * nothing was sent for {@link #watchIdleNs} (it polls for that each
+ * millisecond): blocked in a read, it sees a server close at once, so the next
+ * send fails as not sent instead of going into a dead connection, its outcome
+ * unknown. (A non-blocking probe needs a SocketChannel, which an interrupted
+ * caller's read or write closes, breaking the connection for every caller.)</li>
+ * <li>A TLS link, and a link with a notification handler (a watch's), is read by its reader
+ * thread only, for good (notifications come unasked; a TLS read timeout is
+ * not trusted to leave the stream whole).</li>
  * </ul>
  * A reader waits for the next message in slices of at most {@link #SLICE_MS}
  * (and never past its own call's deadline): a read timeout is only taken at a
