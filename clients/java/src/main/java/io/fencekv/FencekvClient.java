@@ -241,7 +241,7 @@ public final class FencekvClient implements AutoCloseable {
         if (host.startsWith("[") && host.endsWith("]")) host = host.substring(1, host.length() - 1);
         int port = Integer.parseInt(addr.substring(colon + 1));
         int ms = (int) Math.max(1, connectTimeout.toMillis());
-        Socket s = new Socket();
+        Socket s = new Socket(); // (not a SocketChannel's: an interrupted caller's read or write would close it for all)
         try {
             s.setTcpNoDelay(true);
             s.connect(new InetSocketAddress(host, port), ms);
@@ -474,7 +474,26 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Blocking form of {@link #callAsync(String, Map)}. */
     public Map<String, Object> call(String method, Map<String, Object> params) {
-        return join(callAsync(method, params));
+        return sync(() -> callAsync(method, params));
+    }
+
+    /**
+     * Makes the call call (one request sent from this thread, then stages on
+     * its future) and waits for it, reading its answer from the connection
+     * itself when no other caller is reading (see {@link Link}): a blocking
+     * method's call costs no thread hand-off. Throws its FencekvException as
+     * it is.
+     */
+    static <T> T sync(java.util.function.Supplier<CompletableFuture<T>> call) {
+        Link.Blocking b = Link.beginBlocking();
+        CompletableFuture<T> f;
+        try {
+            f = call.get();
+        } finally {
+            Link.endBlocking(b);
+        }
+        if (b.link != null) b.link.await(b.pending);
+        return join(f);
     }
 
     /** Waits for f and throws its FencekvException as it is. */
@@ -540,7 +559,7 @@ public final class FencekvClient implements AutoCloseable {
     }
 
     public String ping() {
-        return join(pingAsync());
+        return sync(() -> pingAsync());
     }
 
     // get
@@ -551,7 +570,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Reads key. A missing key is not an error: {@link Entry#found()} is false. */
     public Entry get(byte[] key) {
-        return join(getAsync(key));
+        return sync(() -> getAsync(key));
     }
 
     public Entry get(String key) {
@@ -568,7 +587,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Writes value to key, fenced by w (a token, strict, a held lock). */
     public WriteResult put(byte[] key, byte[] value, WriteOptions w) {
-        return join(putAsync(key, value, w));
+        return sync(() -> putAsync(key, value, w));
     }
 
     public WriteResult put(String key, String value, WriteOptions w) {
@@ -617,7 +636,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Deletes key; its fence survives. {@link WriteResult#deleted()} says if a live key was removed. */
     public WriteResult delete(byte[] key, WriteOptions w) {
-        return join(deleteAsync(key, w));
+        return sync(() -> deleteAsync(key, w));
     }
 
     public WriteResult delete(String key, WriteOptions w) {
@@ -634,7 +653,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Writes value if key is at revision (0: absent); else CompareFailedException with the current revision. */
     public WriteResult cas(byte[] key, long revision, byte[] value, WriteOptions w) {
-        return join(casAsync(key, revision, value, w));
+        return sync(() -> casAsync(key, revision, value, w));
     }
 
     public WriteResult cas(String key, long revision, String value, WriteOptions w) {
@@ -651,7 +670,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Adds delta to the decimal integer at key; {@link WriteResult#value()} is the new value. */
     public WriteResult incr(byte[] key, long delta, WriteOptions w) {
-        return join(incrAsync(key, delta, w));
+        return sync(() -> incrAsync(key, delta, w));
     }
 
     public WriteResult incr(String key, long delta, WriteOptions w) {
@@ -676,7 +695,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Several writes, all or none, at one revision, if every compare ({@link TxnOp#compare}) holds. */
     public TxnResult txn(List<TxnOp> ops, List<Map<String, Object>> compares, WriteOptions w) {
-        return join(txnAsync(ops, compares, w));
+        return sync(() -> txnAsync(ops, compares, w));
     }
 
     // scan
@@ -692,7 +711,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** One page of live keys under prefix from start (inclusive); page on with start = last key + "\0" while more. */
     public Page<Entry> scan(byte[] prefix, byte[] start, int limit) {
-        return join(scanAsync(prefix, start, limit));
+        return sync(() -> scanAsync(prefix, start, limit));
     }
 
     public Page<Entry> scan(String prefix) {
@@ -715,7 +734,7 @@ public final class FencekvClient implements AutoCloseable {
      * renews in the background and finds a grant whose answer was lost.
      */
     public Grant acquire(String lock, Duration ttl, AcquireOptions o) {
-        return join(acquireAsync(lock, ttl, o));
+        return sync(() -> acquireAsync(lock, ttl, o));
     }
 
     public Grant acquire(String lock, Duration ttl) {
@@ -728,7 +747,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Gives the lease its full TTL again (idempotent: always safe to resend). */
     public Duration renew(String lock, long token) {
-        return join(renewAsync(lock, token));
+        return sync(() -> renewAsync(lock, token));
     }
 
     public CompletableFuture<Void> releaseAsync(String lock, long token) {
@@ -737,7 +756,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Frees the lock held by token. not_holder/lease_expired mean it is no longer yours. */
     public void release(String lock, long token) {
-        join(releaseAsync(lock, token));
+        sync(() -> releaseAsync(lock, token));
     }
 
     /**
@@ -759,7 +778,7 @@ public final class FencekvClient implements AutoCloseable {
     }
 
     public LockInfo lockInfo(String lock) {
-        return join(lockInfoAsync(lock));
+        return sync(() -> lockInfoAsync(lock));
     }
 
     public CompletableFuture<Page<LockInfo>> locksAsync(String prefix, String start, int limit) {
@@ -773,7 +792,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** One page of held locks under prefix. */
     public Page<LockInfo> locks(String prefix, String start, int limit) {
-        return join(locksAsync(prefix, start, limit));
+        return sync(() -> locksAsync(prefix, start, limit));
     }
 
     // status, members, term
@@ -785,7 +804,7 @@ public final class FencekvClient implements AutoCloseable {
     }
 
     public Status status() {
-        return join(statusAsync());
+        return sync(() -> statusAsync());
     }
 
     public CompletableFuture<List<Member>> membersAsync() {
@@ -800,7 +819,7 @@ public final class FencekvClient implements AutoCloseable {
     }
 
     public List<Member> members() {
-        return join(membersAsync());
+        return sync(() -> membersAsync());
     }
 
     public CompletableFuture<Long> termAsync() {
@@ -808,7 +827,7 @@ public final class FencekvClient implements AutoCloseable {
     }
 
     public long term() {
-        return join(termAsync());
+        return sync(() -> termAsync());
     }
 
     // refusals
@@ -829,7 +848,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** The fenced writes the server refused, oldest first, after sequence number since. */
     public Page<Refusal> refusals(long since, int limit) {
-        return join(refusalsAsync(since, limit));
+        return sync(() -> refusalsAsync(since, limit));
     }
 
     // backup
@@ -841,7 +860,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Takes a consistent copy of the store, held on this connection for {@link #backupRead} (lost if the connection breaks). */
     public BackupInfo backup() {
-        return join(backupAsync());
+        return sync(() -> backupAsync());
     }
 
     public CompletableFuture<BackupChunk> backupReadAsync(long offset) {
@@ -850,7 +869,7 @@ public final class FencekvClient implements AutoCloseable {
     }
 
     public BackupChunk backupRead(long offset) {
-        return join(backupReadAsync(offset));
+        return sync(() -> backupReadAsync(offset));
     }
 
     // auth
@@ -861,7 +880,7 @@ public final class FencekvClient implements AutoCloseable {
 
     /** Authenticates the current connection (the builder's credentials authenticate every connection). */
     public String auth(String name, String secret) {
-        return join(authAsync(name, secret));
+        return sync(() -> authAsync(name, secret));
     }
 
     // watch
