@@ -14,7 +14,8 @@ import {
 import { Link, NotSent } from "./link.js";
 import { Lease, lockLease, type LockOptions } from "./lock.js";
 import { Watch, type WatchOptions } from "./watch.js";
-import { asBuffer, asNum, asText, type Bytes, type Duration, optMs, toMs } from "./util.js";
+import { type Duration, optMs, toMs } from "./time.js";
+import { asBuffer, asNum, asText, type Bytes } from "./values.js";
 import { crc32c } from "./crc32c.js";
 
 /** A fencing token. Tokens come back as numbers (exact up to 2^53); a

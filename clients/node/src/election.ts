@@ -13,7 +13,7 @@ import type { Client } from "./client.js";
 import { retryable } from "./client.js";
 import { BadRequestError, ClientClosedError, isUnknownOutcome, LockHeldError, TimeoutError, TooLargeError } from "./errors.js";
 import type { Lease } from "./lock.js";
-import { type Duration, optMs, pause, toMs } from "./util.js";
+import { type Duration, optMs, pause, toMs } from "./time.js";
 import type { Watch } from "./watch.js";
 
 /** The longest leader value: the lock holder's limit. */

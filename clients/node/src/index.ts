@@ -27,8 +27,9 @@ export type { LockOptions } from "./lock.js";
 export { Watch } from "./watch.js";
 export type { WatchEvent, WatchOptions } from "./watch.js";
 export * from "./errors.js";
-export { toMs } from "./util.js";
+export { toMs } from "./time.js";
 export type { Holder } from "./client.js"; // semaphores
-export type { Bytes, Duration } from "./util.js";
+export type { Duration } from "./time.js";
+export type { Bytes } from "./values.js";
 export * as sqlfence from "./sqlfence.js";
 export * as election from "./election.js";

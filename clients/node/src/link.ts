@@ -11,7 +11,7 @@ import {
   ProtocolError,
   TimeoutError,
 } from "./errors.js";
-import { messageEnd } from "./util.js";
+import { messageEnd } from "./framing.js";
 
 /** The methods that change nothing: their outcome is never in doubt. */
 const READS = new Set(["ping", "get", "scan", "lock_info", "locks", "status", "members", "term", "refusals", "auth", "watch", "unwatch"]);

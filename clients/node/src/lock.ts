@@ -15,7 +15,8 @@ import {
   NotHolderError,
   TimeoutError,
 } from "./errors.js";
-import { type Bytes, type Duration, now, optMs, pause, toMs } from "./util.js";
+import { type Duration, now, optMs, pause, toMs } from "./time.js";
+import type { Bytes } from "./values.js";
 
 export interface LockOptions {
   /** Lease length, 100ms..1h. */

@@ -11,7 +11,7 @@
 import type { Client, Token } from "./client.js";
 import { BadRequestError, FencekvError, StaleTokenError } from "./errors.js";
 import type { Lease, LockOptions } from "./lock.js";
-import type { Bytes } from "./util.js";
+import type { Bytes } from "./values.js";
 
 /** The longest resource name, in bytes of UTF-8 (the table's CHECK says the same). */
 export const MAX_RESOURCE = 1024;

@@ -5,7 +5,8 @@
 import type { Client } from "./client.js";
 import { ClientClosedError, CompactedError, ConnectionError, FencekvError, LimitExceededError, UnavailableError } from "./errors.js";
 import type { Link } from "./link.js";
-import { asBuffer, asNum, asText, type Bytes, pause } from "./util.js";
+import { pause } from "./time.js";
+import { asBuffer, asNum, asText, type Bytes } from "./values.js";
 
 export interface WatchOptions {
   /** Replay the kept events from this revision on (inclusive); default:

@@ -16,7 +16,7 @@ import {
   toMs,
   UnavailableError,
 } from "../src/index.js";
-import { messageEnd } from "../src/util.js";
+import { messageEnd } from "../src/framing.js";
 
 test("durations: ms numbers and Go-style strings", () => {
   assert.equal(toMs(250), 250);

@@ -1,65 +1,7 @@
-// Helpers: durations, keys, and the MessagePack framer that cuts the
-// server's stream into whole messages.
+// The MessagePack framer that cuts the server's stream into whole
+// messages before they are decoded.
 
-import { BadRequestError, ProtocolError } from "./errors.js";
-
-/** A duration: milliseconds as a number, or a Go-style string such as
- * "10s", "500ms", "1m30s", "1.5h". */
-export type Duration = number | string;
-
-/** A key, value, prefix or lock name: a string (sent as UTF-8) or bytes. */
-export type Bytes = string | Uint8Array;
-
-const units: Record<string, number> = { ns: 1e-6, us: 1e-3, "µs": 1e-3, ms: 1, s: 1000, m: 60000, h: 3600000 };
-
-/** toMs converts a Duration to whole milliseconds (rounded up, so that a
- * positive duration is never 0). */
-export function toMs(d: Duration, what = "duration"): number {
-  if (typeof d === "number") {
-    if (!Number.isFinite(d) || d < 0) throw new BadRequestError("bad_request", `${what} ${d}: want a finite number of ms, 0 or more`);
-    return Math.ceil(d);
-  }
-  if (typeof d !== "string") throw new BadRequestError("bad_request", `${what}: want ms or a string like "10s"`);
-  const s = d.trim();
-  if (/^\d+(\.\d+)?$/.test(s)) return Math.ceil(Number(s));
-  const re = /(\d+(?:\.\d*)?|\.\d+)(ns|us|µs|ms|s|m|h)/y;
-  let total = 0;
-  let pos = 0;
-  while (pos < s.length) {
-    re.lastIndex = pos;
-    const m = re.exec(s);
-    if (!m) throw new BadRequestError("bad_request", `${what} ${JSON.stringify(d)}: want e.g. "10s", "500ms", "1m30s"`);
-    total += Number(m[1]) * units[m[2]!]!;
-    pos = re.lastIndex;
-  }
-  if (pos === 0) throw new BadRequestError("bad_request", `${what} "": want e.g. "10s"`);
-  return Math.ceil(total);
-}
-
-export function optMs(d: Duration | undefined, what: string): number | undefined {
-  return d === undefined ? undefined : toMs(d, what);
-}
-
-/** asBuffer views bytes the decoder returned as a Buffer (no copy). */
-export function asBuffer(v: unknown): Buffer {
-  if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength);
-  if (typeof v === "string") return Buffer.from(v, "utf8");
-  return Buffer.alloc(0);
-}
-
-/** asText decodes a str or bin the server sent as text (invalid UTF-8 is
- * replaced, never an error). */
-export function asText(v: unknown): string {
-  if (typeof v === "string") return v;
-  if (v instanceof Uint8Array) return Buffer.from(v.buffer, v.byteOffset, v.byteLength).toString("utf8");
-  return "";
-}
-
-export function asNum(v: unknown): number {
-  if (typeof v === "number") return v;
-  if (typeof v === "bigint") return Number(v);
-  return 0;
-}
+import { ProtocolError } from "./errors.js";
 
 /** messageEnd returns the offset just past the MessagePack object that
  * starts at buf[start], or -1 if buf ends before it does. It reads headers
@@ -186,20 +128,3 @@ export function messageEnd(buf: Uint8Array, start: number): number {
 function u32(buf: Uint8Array, i: number): number {
   return ((buf[i]! << 24) >>> 0) + ((buf[i + 1]! << 16) | (buf[i + 2]! << 8) | buf[i + 3]!);
 }
-
-/** sleep for ms, or until signal aborts (then it resolves early). */
-export function pause(ms: number, signal?: AbortSignal): Promise<void> {
-  return new Promise((resolve) => {
-    if (signal?.aborted) return resolve();
-    const t = setTimeout(done, ms);
-    function done() {
-      clearTimeout(t);
-      signal?.removeEventListener("abort", done);
-      resolve();
-    }
-    signal?.addEventListener("abort", done, { once: true });
-  });
-}
-
-/** now is the monotonic clock in ms. */
-export const now = (): number => performance.now();
