@@ -332,3 +332,53 @@ func TestFSMOldTermCommandRefused(t *testing.T) {
 		}
 	}
 }
+
+// TestFSMFreedAfterPublish: the FSM tells the leader's hand-off that a
+// lock was freed only once the batch that freed it is published, so that
+// the hand-off, reading the lock as readers do, finds it free. Told
+// during the apply, it read the lock as still held and gave up until a
+// next kick that never came: a queued acquire then waited out its whole
+// wait with the lock free (found by TestClockDriftBound run after
+// TestQueuedAcquireCutDuringHandOff under -race; this is the targeted
+// form of it).
+func TestFSMFreedAfterPublish(t *testing.T) {
+	m, err := state.OpenMachine(filepath.Join(t.TempDir(), fencekv.DataFile), true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { m.Close() })
+	var seen []state.LockInfo
+	f := newFSM(m, slog.New(slog.DiscardHandler), func(name string) {
+		in, err := m.LockInfo(0, name)
+		if err != nil {
+			t.Errorf("LockInfo(%s) in the freed callback: %v", name, err)
+		}
+		seen = append(seen, in)
+	})
+	entry := func(index uint64, c state.Command) *raft.Log {
+		return &raft.Log{Index: index, Term: 1, Type: raft.LogCommand, Data: state.EncodeBatch([]state.Command{c})}
+	}
+	out := f.ApplyBatch([]*raft.Log{entry(1, state.Command{Op: state.OpAcquire, Lease: state.LeaseRequest{Name: "L", TTL: time.Minute}})})
+	rs, ok := out[0].([]state.Result)
+	if !ok || rs[0].Err != nil {
+		t.Fatalf("acquire: %v", out[0])
+	}
+	// The release and an unrelated put in one batch, the release first:
+	// the hand-off must see the whole batch, not the release alone.
+	out = f.ApplyBatch([]*raft.Log{
+		entry(2, state.Command{Op: state.OpRelease, Lease: state.LeaseRequest{Name: "L"}, Token: rs[0].Grant.Token}),
+		putEntry(3, "k"),
+	})
+	if rs, ok := out[0].([]state.Result); !ok || rs[0].Err != nil || !rs[0].Freed {
+		t.Fatalf("release: %v", out[0])
+	}
+	if len(seen) != 1 {
+		t.Fatalf("the freed callback ran %d times; want once", len(seen))
+	}
+	if seen[0].Held {
+		t.Fatalf("the freed callback read L as %+v: still held, the batch not yet published", seen[0])
+	}
+	if got := m.Applied(); got != 3 {
+		t.Fatalf("applied %d after the batch; want 3", got)
+	}
+}
