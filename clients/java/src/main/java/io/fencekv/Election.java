@@ -105,7 +105,11 @@ public final class Election {
      * Blocks until this caller leads with value (1–4096 bytes, its own) under
      * a lease of ttl (the server allows 100 ms – 1 h), and returns the
      * leadership. Bad input throws BadRequestException (TooLargeException for
-     * an oversized value) with nothing sent.
+     * an oversized value) with nothing sent. Interrupting the thread gives up
+     * (FencekvException code "interrupted"): a grant already made under value
+     * is released, but the acquire may stay queued on the server until its
+     * wait ends, and a grant made then runs out after ttl unrenewed; use the
+     * timeout variant to give up leaving nothing.
      */
     public Leadership campaign(String value, Duration ttl) {
         try {
@@ -202,8 +206,10 @@ public final class Election {
      * never emitted, nor a state equal to the last. Leaders that come and go
      * between two reads are coalesced; the latest state is always delivered.
      * It goes on through reconnects and server restarts (a new watch and a new
-     * read each time) until {@link #close()}, which any thread may call; then
-     * {@link #hasNext()} is false. Iterate it from one thread.
+     * read each time) until {@link #close()}, which any thread may call, or
+     * the client's close; then {@link #hasNext()} is false. A refusal that
+     * no restart can cure (permission_denied, say) is thrown. Iterate it
+     * from one thread.
      */
     public static final class Observer implements Iterator<LeaderState>, Iterable<LeaderState>, AutoCloseable {
         private final FencekvClient client;
@@ -216,6 +222,7 @@ public final class Election {
         private LeaderState last;
         private long top; // the epoch of the last held state emitted
         private long pause = 20;
+        private final Runnable onClientClose = this::close;
 
         Observer(FencekvClient client, String name) {
             this.client = client;
@@ -228,6 +235,7 @@ public final class Election {
                 watch.close();
                 throw e;
             }
+            client.onClose(onClientClose); // the watch has a connection of its own: end it with the client
         }
 
         private void emit(LeaderState s) {
@@ -272,6 +280,10 @@ public final class Election {
                     if (ours) emit(LeaderState.of(name, client.lockInfo(name)));
                 } catch (RuntimeException x) {
                     if (closed) return null;
+                    if (client.isClosed()) {
+                        close(); // the client's end is the observer's
+                        return null;
+                    }
                     if (!restartable(x)) throw x;
                     if (w != null) w.close();
                     watch = null;
@@ -320,6 +332,7 @@ public final class Election {
         @Override
         public void close() {
             closed = true;
+            client.offClose(onClientClose);
             Watch w = watch;
             if (w != null) w.close();
             synchronized (sleeper) {

@@ -267,6 +267,49 @@ class ElectionTest {
     }
 
     @Test
+    void anInterruptedCampaignEndsAndTheClientsCloseEndsAnObserver() throws Exception {
+        try (Servers.Server s = Servers.Server.launch();
+                FencekvClient ca = FencekvClient.connect(s.addr());
+                FencekvClient cb = FencekvClient.connect(s.addr())) {
+            Leadership a = ca.election("e").campaign("a", Duration.ofSeconds(10));
+            CompletableFuture<Leadership> b = new CompletableFuture<>();
+            Thread t = new Thread(() -> {
+                try {
+                    b.complete(cb.election("e").campaign("b", Duration.ofSeconds(1)));
+                } catch (Throwable x) {
+                    b.completeExceptionally(x);
+                }
+            });
+            t.setDaemon(true);
+            t.start();
+            waiters(ca, "e", 1);
+            t.interrupt();
+            java.util.concurrent.ExecutionException x = assertThrows(java.util.concurrent.ExecutionException.class,
+                    () -> b.get(10, TimeUnit.SECONDS));
+            assertEquals("interrupted", ((FencekvException) x.getCause()).code());
+            a.resign();
+            // The queued acquire may still be granted after the interrupt: unrenewed, it runs out after its TTL.
+            Servers.waitFor(T, "no lease left", () -> {
+                LockInfo in = ca.lockInfo("e");
+                return !in.held() && in.waiters() == 0;
+            });
+
+            FencekvClient co = FencekvClient.connect(s.addr());
+            Election.Observer states = co.election("e").observe();
+            assertTrue(states.hasNext());
+            assertFalse(states.next().held());
+            co.close();
+            Thread r = new Thread(() -> {
+                while (states.hasNext()) states.next();
+            });
+            r.setDaemon(true);
+            r.start();
+            r.join(10_000);
+            assertFalse(r.isAlive(), "the observer went on after its client's close");
+        }
+    }
+
+    @Test
     void C16_badInputSendsNothing() throws Exception {
         List<Socket> accepted = new CopyOnWriteArrayList<>();
         try (ServerSocket silent = new ServerSocket(0, 50, InetAddress.getLoopbackAddress())) {
