@@ -130,6 +130,37 @@ class ElectionTest {
     }
 
     @Test
+    void C16_serverStoppedPastTheTtlDeposesTheLeader() throws Exception {
+        try (Servers.Server s = Servers.Server.launch();
+                FencekvClient ca = FencekvClient.builder().addresses(s.addr()).callTimeout(Duration.ofMillis(300)).build();
+                FencekvClient cb = FencekvClient.connect(s.addr())) {
+            Leadership a = ca.election("e").campaign("a", Duration.ofSeconds(1));
+            CompletableFuture<Leadership> b = campaignAsync(cb.election("e"), "b", Duration.ofSeconds(10));
+            waiters(ca, "e", 1);
+            Servers.signal(s.pid(), "STOP");
+            long stopped = System.nanoTime();
+            try {
+                // On its own clock: no renew can succeed while the server is stopped.
+                Servers.waitFor(T, "a to take its leadership as lost", a::isLost);
+                assertTrue(System.nanoTime() - stopped < TimeUnit.SECONDS.toNanos(1), "lost only after the TTL");
+                // Stopped past the TTL: the server expires a's lease as soon as it runs again.
+                Servers.waitFor(T, "the TTL to pass", () -> System.nanoTime() - stopped > TimeUnit.MILLISECONDS.toNanos(1300));
+                assertFalse(b.isDone(), "b led while the server was stopped");
+            } finally {
+                Servers.signal(s.pid(), "CONT");
+            }
+            Leadership bl = b.get(15, TimeUnit.SECONDS);
+            assertTrue(bl.epoch() > a.epoch());
+            assertThrows(LeaseLostException.class, a::check);
+            cb.put("e/out", "b", bl.lease());
+            assertThrows(NotHolderException.class, () -> cb.put("e/out", "a", WriteOptions.token(a.epoch()).lock("e")));
+            a.resign(); // lost: its release is refused, b keeps leading
+            assertEquals("b", cb.election("e").leader().value());
+            bl.resign();
+        }
+    }
+
+    @Test
     void C16_serverKilledAndRestartedDuringACampaign() throws Exception {
         try (Servers.Server s = Servers.Server.launch();
                 FencekvClient ca = FencekvClient.connect(s.addr());
