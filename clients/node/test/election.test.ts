@@ -100,7 +100,7 @@ describe("election", () => {
     await last!.resign();
   });
 
-  test("an aborted campaign leaves no lease behind", async () => {
+  test("C16 an aborted campaign leaves no lease behind", async () => {
     const ca = client();
     const cb = client();
     const a = await election.campaign(ca, "e4", "a", { ttl: "10s" });

@@ -137,7 +137,7 @@ def test_C16_observe(server: Server) -> None:
         last.resign()
 
 
-def test_timeout_leaves_nothing(server: Server) -> None:
+def test_C16_timeout_leaves_nothing(server: Server) -> None:
     with fencekv.Client(server.addr, timeout=5) as ca, fencekv.Client(server.addr, timeout=5) as cb:
         a = election.campaign(ca, "e", "a", ttl=10)
         with pytest.raises(fencekv.Timeout):
