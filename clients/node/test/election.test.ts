@@ -22,7 +22,7 @@ describe("election", () => {
   });
   const queued = (c: Client, name: string, n: number) => waitFor(`${n} queued on ${name}`, async () => (await c.lockInfo(name)).waiters === n);
 
-  test("campaign waits while another leads and wins on resign with a higher epoch", async () => {
+  test("C16 campaign waits while another leads and wins on resign with a higher epoch", async () => {
     const ca = client();
     const cb = client();
     assert.deepEqual(await election.leader(ca, "e1"), { name: "e1", held: false, value: "", epoch: 0, ttlMs: 0 });
@@ -49,7 +49,7 @@ describe("election", () => {
     assert.equal((await election.leader(ca, "e1")).held, false);
   });
 
-  test("a lost leadership aborts its signal; the deposed epoch is refused", async () => {
+  test("C16 a lost leadership aborts its signal; the deposed epoch is refused", async () => {
     const c = client();
     const a = await election.campaign(c, "e2", "a", { ttl: "1s" });
     await c.release("e2", a.epoch); // taken away behind its back
@@ -64,7 +64,7 @@ describe("election", () => {
     await b.resign();
   });
 
-  test("observe starts with the leader and sees each change, epochs rising, the last one seen", async () => {
+  test("C16 observe starts with the leader and sees each change, epochs rising, the last one seen", async () => {
     const c = client();
     const a = await election.campaign(c, "e3", "a", { ttl: "10s" });
     const ctl = new AbortController();
@@ -100,7 +100,7 @@ describe("election", () => {
     await last!.resign();
   });
 
-  test("an aborted campaign leaves no lease behind", async () => {
+  test("C16 an aborted campaign leaves no lease behind", async () => {
     const ca = client();
     const cb = client();
     const a = await election.campaign(ca, "e4", "a", { ttl: "10s" });
@@ -116,7 +116,7 @@ describe("election", () => {
     });
   });
 
-  test("bad input is a typed error and takes nothing", async () => {
+  test("C16 bad input is a typed error and takes nothing", async () => {
     const c = client();
     await assert.rejects(election.campaign(c, "", "v"), BadRequestError);
     await assert.rejects(election.campaign(c, "e5", ""), BadRequestError);

@@ -30,7 +30,7 @@ def waiters(c: fencekv.Client, name: str, n: int) -> None:
     wait_for(lambda: c.lock_info(name).waiters == n, what=f"{n} queued on {name}")
 
 
-def test_campaign_waits_for_resign(server: Server) -> None:
+def test_C16_campaign_waits_for_resign(server: Server) -> None:
     with fencekv.Client(server.addr, timeout=5) as ca, fencekv.Client(server.addr, timeout=5) as cb:
         assert election.leader(ca, "e") == election.Leader("e", False, "", 0, 0.0)
         a = election.campaign(ca, "e", "a", ttl=10)
@@ -55,7 +55,7 @@ def test_campaign_waits_for_resign(server: Server) -> None:
         assert not election.leader(ca, "e").held
 
 
-def test_lost_leadership(server: Server) -> None:
+def test_C16_lost_leadership(server: Server) -> None:
     with fencekv.Client(server.addr, timeout=5) as c:
         a = election.campaign(c, "e", "a", ttl=1)
         c.release("e", a.epoch)  # taken away behind its back
@@ -74,7 +74,7 @@ def test_lost_leadership(server: Server) -> None:
         b.resign()
 
 
-def test_paused_leader_deposed(make_server: Any) -> None:
+def test_C16_paused_leader_deposed(make_server: Any) -> None:
     """The leader can renew no more (its client is closed, as if its
     process had stopped): its leadership is lost on its own clock, b leads
     after the TTL with a higher epoch, and a's epoch is refused."""
@@ -92,7 +92,7 @@ def test_paused_leader_deposed(make_server: Any) -> None:
         b["result"].resign()
 
 
-def test_observe(server: Server) -> None:
+def test_C16_observe(server: Server) -> None:
     with fencekv.Client(server.addr, timeout=5) as c:
         a = election.campaign(c, "e", "a", ttl=10)
         seen: List[election.Leader] = []
@@ -137,7 +137,7 @@ def test_observe(server: Server) -> None:
         last.resign()
 
 
-def test_timeout_leaves_nothing(server: Server) -> None:
+def test_C16_timeout_leaves_nothing(server: Server) -> None:
     with fencekv.Client(server.addr, timeout=5) as ca, fencekv.Client(server.addr, timeout=5) as cb:
         a = election.campaign(ca, "e", "a", ttl=10)
         with pytest.raises(fencekv.Timeout):
@@ -155,7 +155,7 @@ def test_timeout_leaves_nothing(server: Server) -> None:
     ("e", "v", 1, 1, fencekv.BadRequest),
     ("e", "v", 0.01, 0, fencekv.BadRequest),  # under the server's minimum TTL
 ])
-def test_bad_input(client: fencekv.Client, name: str, value: str, ttl: float, margin: Any,
+def test_C16_bad_input(client: fencekv.Client, name: str, value: str, ttl: float, margin: Any,
                    err: type) -> None:
     with pytest.raises(err):
         election.campaign(client, name, value, ttl=ttl, margin=margin)

@@ -795,6 +795,13 @@ public final class FencekvClient implements AutoCloseable {
         return sync(() -> locksAsync(prefix, start, limit));
     }
 
+    // election (PROTOCOL.md §12)
+
+    /** The election name: a composition of the lock of that name; see {@link Election}. */
+    public Election election(String name) {
+        return new Election(this, name);
+    }
+
     // status, members, term
 
     public CompletableFuture<Status> statusAsync() {

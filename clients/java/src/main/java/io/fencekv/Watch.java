@@ -50,6 +50,7 @@ public final class Watch implements Iterator<Event>, Iterable<Event>, AutoClosea
     private long skipRev; // on this connection: skip the first skip events of skipRev
     private int skip;
     private RuntimeException failed;
+    private boolean once; // a break ends the watch (ConnectionException) instead of resuming: Election's observer starts over
 
     private Watch(FencekvClient client, byte[] prefix, boolean locks) {
         this.client = client;
@@ -58,7 +59,13 @@ public final class Watch implements Iterator<Event>, Iterable<Event>, AutoClosea
     }
 
     static Watch start(FencekvClient c, byte[] prefix, boolean locks, long startRevision) {
+        return start(c, prefix, locks, startRevision, false);
+    }
+
+    /** A watch that, with once, ends at the first break of its connection rather than resuming. */
+    static Watch start(FencekvClient c, byte[] prefix, boolean locks, long startRevision, boolean once) {
         Watch w = new Watch(c, prefix, locks);
+        w.once = once;
         if (startRevision > 0) w.lastRev = startRevision - 1;
         w.connect(startRevision, true);
         return w;
@@ -197,6 +204,10 @@ public final class Watch implements Iterator<Event>, Iterable<Event>, AutoClosea
             if (o == BROKEN) continue;
             if (o instanceof Link) {
                 if (closed || o != link) continue; // an earlier connection's end
+                if (once) {
+                    failed = new ConnectionException(((Link) o).addr, false, "the watch ended: " + ((Link) o).why(), null);
+                    continue;
+                }
                 try {
                     resume();
                 } catch (RuntimeException e) {
