@@ -168,9 +168,34 @@ class Cluster:
 
         return wait_for(find, timeout, "a cluster leader", every=0.1)  # type: ignore[return-value]
 
+    def describe(self, addrs: List[str]) -> str:
+        """Each node's role and term as it answers now, and its log's tail:
+        for a failure message."""
+        import fencekv
+        out = []
+        for s in self.nodes:
+            if s.addr not in addrs:
+                continue
+            try:
+                with fencekv.Client(s.addr, timeout=2, connect_timeout=1) as c:
+                    st = c.status()
+                    out.append(f"{s.addr}: {st.role} term {st.term}")
+            except fencekv.Error as e:
+                out.append(f"{s.addr}: {e!r}")
+            out.append("  log tail: " + s.log()[-1500:].replace("\n", "\n    "))
+        return "\n".join(out)
+
     def stop(self) -> None:
         for s in self.nodes:
             s.stop()
+        keep = os.environ.get("FENCEKV_PY_LOGS")  # a directory to keep the nodes' logs in
+        if keep:
+            dest = tempfile.mkdtemp(prefix="cluster-", dir=keep)
+            for i, s in enumerate(self.nodes):
+                try:
+                    shutil.copy(s.log_path, os.path.join(dest, f"n{i}.log"))
+                except OSError:
+                    pass
         shutil.rmtree(self.dir, ignore_errors=True)
 
 

@@ -196,7 +196,16 @@ def test_C08_leader_kill_under_held_writes(fencekv_bin: str) -> None:
         survivors = [a for a in cluster.addrs if a != leader.addr]
         with fencekv.Client(survivors, timeout=10) as c:
             for key, value, token in acked:
-                e = c.get(key)
+                t0 = time.monotonic()
+                try:
+                    e = c.get(key)
+                except fencekv.Error as err:
+                    # Evidence for the next time this fails (it timed out
+                    # once, under load, and has not been reproduced since):
+                    # how long, on which node, and what each survivor says.
+                    raise AssertionError(
+                        f"get {key} via {c.addr} failed after {time.monotonic() - t0:.2f}s: "
+                        f"{err!r}; survivors: {cluster.describe(survivors)}") from err
                 assert e.found and e.value == value, f"acknowledged write {key} lost"
                 assert e.fence == token
         # Tokens rose with every write: each write's token >= the one before.
