@@ -51,7 +51,18 @@ func route[T any](ctx context.Context, n *Node, write bool, local func(context.C
 			case err == nil:
 				return v, nil
 			case !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader:
-				return zero, n.fwd.forwardError(c, err, write)
+				ferr := n.fwd.forwardError(c, err, write)
+				if !resendable(err, ferr) {
+					return zero, ferr
+				}
+				// The connection to the leader broke (it may have
+				// died) with a read in flight, or before a write left:
+				// nothing was applied, so the request is sent again to
+				// the leader raft names next, within the hold, as
+				// below. A read so does not fail on a leader change
+				// that a client would have to retry itself.
+				err = ferr
+				goto wait
 			}
 			// The node raft named no longer leads, and did nothing
 			// with the request. If raft names another leader already,
@@ -67,6 +78,7 @@ func route[T any](ctx context.Context, n *Node, write bool, local func(context.C
 		// The leader raft last named cannot be reached (it may have
 		// died), or no longer leads: nothing was applied, so wait for a
 		// new leader and try again, as while there is none.
+	wait:
 		if deadline == nil {
 			t := time.NewTimer(n.holdLeft(ctx))
 			defer t.Stop()
@@ -82,6 +94,19 @@ func route[T any](ctx context.Context, n *Node, write bool, local func(context.C
 		case <-time.After(50 * time.Millisecond):
 		}
 	}
+}
+
+// resendable reports whether a forwarded request that failed with err
+// (made into ferr by forwardError) may be sent again: the connection
+// failed (not a refusal from the leader, not the request's own context
+// ending) and nothing can have been applied (ferr has no unknown outcome:
+// a read, or a write that never left).
+func resendable(err, ferr error) bool {
+	var fe *fencekv.Error
+	if errors.As(err, &fe) || errors.Is(err, context.Canceled) || errors.Is(err, context.DeadlineExceeded) {
+		return false
+	}
+	return errors.As(ferr, &fe) && fe.Code == fencekv.CodeUnavailable && fe.Outcome == ""
 }
 
 // notLeader answers a forwarded request on a node that does not lead,
