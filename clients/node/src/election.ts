@@ -178,13 +178,24 @@ export async function* observe(client: Client, name: string, o: { signal?: Abort
   while (!o.signal?.aborted) {
     let w: Watch | undefined;
     try {
-      w = client.watch(name, { locks: true, signal: o.signal });
+      // The watch may reconnect by itself (a restarted server): changes in
+      // the gap may have no event, so read again when it has resumed.
+      let resumed!: Promise<null>;
+      let onResume!: () => void;
+      const arm = () => (resumed = new Promise<null>((r) => (onResume = () => r(null))));
+      arm();
+      w = client.watch(name, { locks: true, signal: o.signal, onResume: () => onResume() });
       await w.ready();
       const s = await read();
       if (fresh(s)) yield s;
       first = false;
-      for await (const ev of w) {
-        if ("lock" in ev && ev.lock === name) {
+      let next = w.next();
+      for (;;) {
+        const r = await Promise.race([next, resumed]);
+        if (r !== null && r.done) break;
+        if (r === null) arm();
+        else next = w.next();
+        if (r === null || ("lock" in r.value && r.value.lock === name)) {
           const s = await read();
           if (fresh(s)) yield s;
           pauseMs = 20;

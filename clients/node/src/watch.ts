@@ -17,6 +17,9 @@ export interface WatchOptions {
   locks?: boolean;
   /** Stop the watch when it aborts (the loop ends). */
   signal?: AbortSignal;
+  /** Called each time the watch has started again after a reconnect (a
+   * restarted server, say: changes in the gap may have no event). */
+  onResume?: () => void;
 }
 
 export type WatchEvent =
@@ -210,7 +213,7 @@ export class Watch implements AsyncIterableIterator<WatchEvent> {
         l.onNotification = (m, p) => this.onNotification(ln, m, p);
         this.link = l;
         this.skipRev = this.lastRev;
-        this.skip = this.seen;
+        this.skip = start > 0 ? this.seen : 0; // a watch from now replays nothing
         const r = await l.call(
           "watch",
           { prefix: this.prefix, locks: this.o.locks === true ? true : undefined, start_revision: start > 0 ? start : undefined },
@@ -227,6 +230,7 @@ export class Watch implements AsyncIterableIterator<WatchEvent> {
           if (this.link === ln && !this.ended) this.resume();
         };
         if (l.dead) this.resume();
+        else if (!first) this.o.onResume?.();
         return;
       } catch (e) {
         if (l !== undefined) l.fail(e as Error);

@@ -3,7 +3,7 @@
 import { after, before, describe, test } from "node:test";
 import assert from "node:assert/strict";
 import { BadRequestError, Client, election, LeaseLostError, NotHolderError, StaleTokenError, TooLargeError } from "../src/index.js";
-import { Server, waitFor } from "./harness.js";
+import { CutProxy, Server, waitFor } from "./harness.js";
 
 describe("election", () => {
   let srv: Server;
@@ -127,5 +127,190 @@ describe("election", () => {
     await assert.rejects(election.leader(c, ""), BadRequestError);
     await assert.rejects(election.observe(c, "").next(), BadRequestError);
     assert.equal((await c.lockInfo("e5")).held, false);
+  });
+});
+
+describe("election across server trouble", () => {
+  const clients: Client[] = [];
+  const servers: Server[] = [];
+  const proxies: CutProxy[] = [];
+  const start = async () => {
+    const s = await Server.start();
+    servers.push(s);
+    return s;
+  };
+  const client = (addr: string, timeout = 5000) => {
+    const c = new Client({ addrs: addr, timeout });
+    clients.push(c);
+    return c;
+  };
+  after(async () => {
+    for (const c of clients) await c.close().catch(() => {});
+    for (const p of proxies) p.close();
+    for (const s of servers) {
+      if (s.proc.exitCode === null && s.proc.signalCode === null) process.kill(s.pid, "SIGCONT");
+      await s.stop();
+    }
+  });
+  const queued = (c: Client, name: string, n: number) => waitFor(`${n} queued on ${name}`, async () => (await c.lockInfo(name)).waiters === n);
+  const track = (p: Promise<election.Leadership>) => {
+    const st: { done: boolean; p: Promise<election.Leadership> } = { done: false, p };
+    p.then(
+      () => (st.done = true),
+      () => (st.done = true),
+    );
+    return st;
+  };
+
+  test("C16 hand-over is first come, first served, with rising epochs", async () => {
+    const s = await start();
+    const [ca, cb, cc] = [client(s.addr), client(s.addr), client(s.addr)];
+    const a = await election.campaign(ca, "f", "a", { ttl: "10s" });
+    const b = track(election.campaign(cb, "f", "b", { ttl: "10s" }));
+    await queued(ca, "f", 1);
+    const c = track(election.campaign(cc, "f", "c", { ttl: "10s" }));
+    await queued(ca, "f", 2);
+    assert.equal(b.done || c.done, false, "a candidate led while a leads");
+    await a.resign();
+    const bl = await b.p;
+    assert.equal(bl.value, "b");
+    assert.ok(bl.epoch > a.epoch, `${bl.epoch} > ${a.epoch}`);
+    assert.equal((await ca.lockInfo("f")).waiters, 1);
+    assert.equal(c.done, false, "c led before b resigned");
+    const mid = await election.leader(ca, "f");
+    assert.deepEqual([mid.held, mid.value, mid.epoch], [true, "b", bl.epoch]);
+    await assert.rejects(ca.put("f/out", "a", { token: a.epoch, lock: "f" }), NotHolderError);
+    await cb.put("f/out", "b", { lease: bl.lease });
+    await bl.resign();
+    const cl = await c.p;
+    assert.equal(cl.value, "c");
+    assert.ok(cl.epoch > bl.epoch, `${cl.epoch} > ${bl.epoch}`);
+    const now = await election.leader(ca, "f");
+    assert.deepEqual([now.held, now.value, now.epoch], [true, "c", cl.epoch]);
+    await cc.put("f/fenced", "c", { token: cl.epoch });
+    await assert.rejects(cb.put("f/fenced", "b", { token: bl.epoch }), StaleTokenError);
+    assert.equal((await ca.get("f/fenced"))?.value?.toString(), "c");
+    await cl.resign();
+    assert.equal((await election.leader(ca, "f")).held, false);
+  });
+
+  test("C16 an acquire whose answer was lost is looked up, released, and the campaign goes on", async () => {
+    const s = await start();
+    const p = await CutProxy.start(s.addr);
+    proxies.push(p);
+    const cb = client(p.addr, 2000);
+    const c = client(s.addr);
+    await cb.ping();
+    let first: Awaited<ReturnType<Client["lockInfo"]>> | undefined;
+    p.onCut = async () => (first = await c.lockInfo("g"));
+    p.cutNext = true; // the acquire's answer: held back, then the connection cut
+    const t0 = performance.now();
+    const bl = await election.campaign(cb, "g", "b", { ttl: "30s", wait: "1s" });
+    const took = performance.now() - t0;
+    assert.equal(p.cuts, 1, "no answer was cut");
+    assert.ok(first && first.held && first.holder === "b", `the lost grant: ${JSON.stringify(first)}`);
+    assert.ok(bl.epoch > first.token, `led with ${bl.epoch}, the lost grant was ${first.token}`);
+    assert.ok(took < 15000, `took ${took} ms: the lost grant was waited out`);
+    const now = await c.lockInfo("g");
+    assert.deepEqual([now.held, now.holder, now.token], [true, "b", bl.epoch]);
+    await assert.rejects(c.put("g/out", "x", { token: first.token, lock: "g" }), NotHolderError);
+    await c.put("g/out", "b", { token: bl.epoch, lock: "g" });
+    await bl.resign();
+    assert.equal((await c.lockInfo("g")).held, false);
+  });
+
+  test("C16 a leader whose renewals stop (server stopped past the TTL) is lost on its own clock; the next leads higher", async () => {
+    const s = await start();
+    const ca = client(s.addr, 300);
+    const cb = client(s.addr);
+    const a = await election.campaign(ca, "h", "a", { ttl: "1s" });
+    let lostAt = 0;
+    a.signal.addEventListener("abort", () => (lostAt = performance.now()));
+    const b = track(election.campaign(cb, "h", "b", { ttl: "10s" }));
+    await queued(ca, "h", 1);
+    process.kill(s.pid, "SIGSTOP");
+    const stopped = performance.now();
+    try {
+      await waitFor("a to take its leadership as lost", () => a.lost);
+      assert.ok(performance.now() - stopped < 1000, `lost ${performance.now() - stopped} ms after the stop: not within the TTL`);
+      await waitFor("the TTL to pass", () => performance.now() - stopped > 1300);
+      assert.equal(b.done, false, "b led while the server was stopped");
+    } finally {
+      process.kill(s.pid, "SIGCONT");
+    }
+    const bl = await b.p;
+    const ledAt = performance.now();
+    assert.ok(lostAt > 0 && lostAt < ledAt, "a's loss signal did not fire before b led");
+    assert.ok(bl.epoch > a.epoch, `${bl.epoch} > ${a.epoch}`);
+    assert.throws(() => a.check(), LeaseLostError);
+    await cb.put("h/out", "b", { lease: bl.lease });
+    await assert.rejects(cb.put("h/out", "a", { token: a.epoch, lock: "h" }), NotHolderError);
+    await assert.rejects(cb.put("h/out", "a", { token: a.epoch }), StaleTokenError);
+    await a.resign(); // lost: its release is refused, b keeps leading
+    assert.equal((await election.leader(cb, "h")).value, "b");
+    await bl.resign();
+  });
+
+  test("C16 the server killed with -9 and restarted during a campaign: the leader keeps its lease, the campaign queues again", async () => {
+    const s = await start();
+    const ca = client(s.addr, 2000);
+    const cb = client(s.addr, 2000);
+    const a = await election.campaign(ca, "k", "a", { ttl: "5s" });
+    const b = track(election.campaign(cb, "k", "b", { ttl: "5s" }));
+    await queued(ca, "k", 1);
+    await s.restart();
+    await queued(ca, "k", 1);
+    assert.equal(b.done, false, "b led while a leads");
+    assert.equal(a.lost, false, "a's lease was lost across the restart");
+    const got = await election.leader(ca, "k");
+    assert.deepEqual([got.held, got.value, got.epoch], [true, "a", a.epoch]);
+    await a.resign();
+    const bl = await b.p;
+    assert.ok(bl.epoch > a.epoch, `${bl.epoch} > ${a.epoch}`);
+    assert.equal((await election.leader(ca, "k")).value, "b");
+    await bl.resign();
+    assert.equal((await election.leader(ca, "k")).held, false);
+  });
+
+  test("C16 observe goes on across a kill -9 and restart of the server", async () => {
+    const s = await start();
+    const c = client(s.addr, 2000);
+    const ob = client(s.addr, 2000);
+    const ctl = new AbortController();
+    const seen: election.Leader[] = [];
+    const loop = (async () => {
+      for await (const st of election.observe(ob, "o", { signal: ctl.signal })) seen.push(st);
+    })();
+    await waitFor("the first state", () => seen.length >= 1);
+    assert.equal(seen[0].held, false);
+    const a = await election.campaign(c, "o", "a", { ttl: "10s" });
+    await waitFor("a's leadership", () => seen.length >= 2);
+    await a.resign();
+    await waitFor("no leader", () => seen.length >= 3);
+    assert.deepEqual(
+      seen.slice(0, 3).map((x) => [x.held, x.value]),
+      [[false, ""], [true, "a"], [false, ""]],
+    );
+    assert.equal(seen[1].epoch, a.epoch);
+    await s.restart();
+    const r = await election.campaign(c, "o", "r", { ttl: "10s" });
+    await waitFor("r's leadership after the restart", () => seen[seen.length - 1].held && seen[seen.length - 1].epoch === r.epoch, 20_000);
+    assert.equal(seen[seen.length - 1].value, "r");
+    await r.resign();
+    await waitFor("no leader after r", () => !seen[seen.length - 1].held);
+    let top = 0;
+    for (let i = 0; i < seen.length; i++) {
+      const x = seen[i];
+      if (i > 0) {
+        const y = seen[i - 1];
+        assert.ok(!(x.held === y.held && x.value === y.value && x.epoch === y.epoch), `a repeat at ${i}: ${JSON.stringify(seen)}`);
+      }
+      if (x.held) {
+        assert.ok(x.epoch > top, `epochs ${JSON.stringify(seen)}`);
+        top = x.epoch;
+      }
+    }
+    ctl.abort();
+    await loop;
   });
 });

@@ -238,9 +238,13 @@ class WatchResume:
             return self.last_rev + 1
         return self.last_rev
 
-    def begin(self) -> None:
-        """A new connection: skip what was delivered of the last revision."""
+    def begin(self, start: int = -1) -> None:
+        """A new connection: skip what was delivered of the last revision.
+        A watch started from now (start 0: lock events of a store at
+        revision 0 cannot be replayed) replays nothing, so skips nothing."""
         self._skip, self._skip_rev = self.seen, self.last_rev
+        if start == 0:
+            self._skip = 0
 
     def after_restart(self, oldest: int) -> bool:
         """Whether a compacted refusal with the server's oldest revision still

@@ -789,7 +789,7 @@ class Watcher:
                     self._writer.close()
                 raise
             self._resume.started_at(r.get("revision", 0))
-            self._resume.begin()
+            self._resume.begin(start)
             self._next_addr = (self._next_addr + i) % n
             return
         self._next_addr += 1

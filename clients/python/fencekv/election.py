@@ -231,8 +231,17 @@ class Observer:
                     s = self._read()
                     if fresh(s):
                         yield s
-                for ev in w:
-                    if ev.lock == self.name and not ev.key:
+                seen_reconnects = w.reconnects
+                while not self._closed.is_set():
+                    try:
+                        batch = w.next_batch(0.2)
+                    except StopIteration:
+                        break  # closed
+                    # The watch reconnected on its own (a restart, say): what
+                    # changed in the gap may have no event, so read again.
+                    again = w.reconnects != seen_reconnects
+                    seen_reconnects = w.reconnects
+                    if again or any(ev.lock == self.name and not ev.key for ev in batch):
                         s = self._read()
                         if fresh(s):
                             yield s

@@ -96,7 +96,7 @@ class Watcher:
                 sock.close()
                 raise
             self._resume.started_at(r.get("revision", 0))
-            self._resume.begin()
+            self._resume.begin(start)
             self._sock, self._unpacker = sock, unpacker
             self._next_addr = (self._next_addr + i) % n
             return

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any, Dict, List
 
 import pytest
@@ -168,3 +169,140 @@ def test_bad_names(client: fencekv.Client) -> None:
         election.leader(client, "")
     with pytest.raises(fencekv.BadRequest):
         election.observe(client, "")
+
+
+def test_C16_fifo_hand_over_rising_epochs(server: Server) -> None:
+    """A leads; B then C campaign. A resigns: B leads (queued first), not C,
+    above A's epoch; B resigns: C leads above B. Once C wrote with its
+    epoch, B's plain fenced write is stale."""
+    with fencekv.Client(server.addr, timeout=5) as ca, fencekv.Client(server.addr, timeout=5) as cb, \
+            fencekv.Client(server.addr, timeout=5) as cc:
+        a = election.campaign(ca, "e", "a", ttl=10)
+        b = in_thread(election.campaign, cb, "e", "b", ttl=10)
+        waiters(ca, "e", 1)
+        c = in_thread(election.campaign, cc, "e", "c", ttl=10)
+        waiters(ca, "e", 2)
+        assert not b["done"].is_set() and not c["done"].is_set()
+        a.resign()
+        assert b["done"].wait(10) and "error" not in b, b
+        bl = b["result"]
+        assert bl.value == "b" and bl.epoch > a.epoch
+        assert ca.lock_info("e").waiters == 1
+        assert not c["done"].is_set()
+        got = election.leader(ca, "e")
+        assert (got.held, got.value, got.epoch) == (True, "b", bl.epoch)
+        with pytest.raises(fencekv.NotHolder):
+            ca.put("e/out", b"a", token=a.epoch, lock="e")
+        cb.put("e/out", b"b", lease=bl.lease)
+        bl.resign()
+        assert c["done"].wait(10) and "error" not in c, c
+        cl = c["result"]
+        assert cl.value == "c" and cl.epoch > bl.epoch
+        got = election.leader(ca, "e")
+        assert (got.held, got.value, got.epoch) == (True, "c", cl.epoch)
+        cc.put("e/fenced", b"c", token=cl.epoch)
+        with pytest.raises(fencekv.StaleToken):
+            cb.put("e/fenced", b"b", token=bl.epoch)
+        assert ca.get("e/fenced").value == b"c"
+        cl.resign()
+        assert not election.leader(ca, "e").held
+
+
+def test_C16_lost_acquire_answer_looked_up(server: Server) -> None:
+    """The grant's answer is lost (the proxy drops it and cuts the
+    connection): the campaign looks the lock up, finds it held under its
+    value, releases it and goes on to a new, higher grant, well within the
+    TTL (the lost grant is not waited out)."""
+    from helpers import CutProxy
+    p = CutProxy(server.addr)
+    first: Dict[str, Any] = {}
+    try:
+        with fencekv.Client(p.addr, timeout=2) as cb, fencekv.Client(server.addr, timeout=5) as c:
+            cb.ping()
+            p.on_drop = lambda: first.setdefault("info", c.lock_info("e"))
+            p.drop_answer_after(b"acquire")
+            start = time.monotonic()
+            bl = election.campaign(cb, "e", "b", ttl=30, timeout=15)
+            took = time.monotonic() - start
+            assert p.dropped.is_set(), "no answer was dropped"
+            info = first["info"]
+            assert info.held and info.holder == "b", info
+            assert bl.epoch > info.token, (bl.epoch, info.token)
+            assert took < 15, f"took {took:.1f}s: the lost grant was waited out"
+            now = c.lock_info("e")
+            assert (now.held, now.holder, now.token) == (True, "b", bl.epoch)
+            with pytest.raises(fencekv.NotHolder):
+                c.put("e/out", b"x", token=info.token, lock="e")
+            c.put("e/out", b"b", token=bl.epoch, lock="e")
+            bl.resign()
+            assert not c.lock_info("e").held
+    finally:
+        p.close()
+
+
+def test_C16_server_killed_during_campaign(make_server: Any) -> None:
+    """kill -9 and restart (same data, same port) while B's campaign is
+    queued: A keeps its lease (renewed on the new process), B queues again
+    and leads after A resigns, with a higher epoch."""
+    s = make_server()
+    with fencekv.Client(s.addr, timeout=2) as ca, fencekv.Client(s.addr, timeout=2) as cb:
+        a = election.campaign(ca, "e", "a", ttl=5)
+        b = in_thread(election.campaign, cb, "e", "b", ttl=5)
+        waiters(ca, "e", 1)
+        s.kill9()
+        s.start()
+        waiters(ca, "e", 1)
+        assert not b["done"].is_set(), b
+        assert not a.lost.is_set(), "a's lease was lost across the restart"
+        got = election.leader(ca, "e")
+        assert (got.held, got.value, got.epoch) == (True, "a", a.epoch)
+        a.resign()
+        assert b["done"].wait(15) and "error" not in b, b
+        bl = b["result"]
+        assert bl.epoch > a.epoch
+        assert election.leader(ca, "e").value == "b"
+        bl.resign()
+        assert not election.leader(ca, "e").held
+
+
+def test_C16_observe_across_restart(make_server: Any) -> None:
+    """observe goes on across a kill -9 and restart: the states after it
+    are seen, no repeats, held epochs only rising."""
+    s = make_server()
+    with fencekv.Client(s.addr, timeout=2) as c, fencekv.Client(s.addr, timeout=2) as ob:
+        seen: List[election.Leader] = []
+        obs = election.observe(ob, "e")
+
+        def run() -> None:
+            for st in obs:
+                seen.append(st)
+
+        t = threading.Thread(target=run, daemon=True)
+        t.start()
+        wait_for(lambda: len(seen) >= 1, what="the first state")
+        assert not seen[0].held
+        a = election.campaign(c, "e", "a", ttl=10)
+        wait_for(lambda: len(seen) >= 2, what="a's leadership")
+        a.resign()
+        wait_for(lambda: len(seen) >= 3, what="no leader")
+        assert [(x.held, x.value) for x in seen[:3]] == [(False, ""), (True, "a"), (False, "")]
+        assert seen[1].epoch == a.epoch
+        s.kill9()
+        s.start()
+        r = election.campaign(c, "e", "r", ttl=10)
+        wait_for(lambda: seen[-1].held and seen[-1].epoch == r.epoch, timeout=20,
+                 what="r's leadership after the restart")
+        assert seen[-1].value == "r"
+        r.resign()
+        wait_for(lambda: not seen[-1].held, what="no leader after r")
+        top = 0
+        for i, st in enumerate(seen):
+            if i:
+                assert (st.held, st.value, st.epoch) != (seen[i - 1].held, seen[i - 1].value,
+                                                         seen[i - 1].epoch), seen
+            if st.held:
+                assert st.epoch > top, seen
+                top = st.epoch
+        obs.close()
+        t.join(10)
+        assert not t.is_alive()
