@@ -50,7 +50,18 @@ func route[T any](ctx context.Context, n *Node, write bool, local func(context.C
 			switch {
 			case err == nil:
 				return v, nil
-			case !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader:
+			case errors.As(err, &fe) && fe.Code == fencekv.CodeNotLeader:
+				// The node raft named no longer leads, and did nothing
+				// with the request. If raft names another leader
+				// already, go there at once (once: the hold timeout may
+				// have passed while the remote waited); else wait for
+				// raft to name the new leader, and try again, as below.
+				if addr, ok := n.leaderClientAddr(); ok && addr != fw.addr && !moved {
+					moved = true
+					continue
+				}
+				err = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: fmt.Sprintf("the leader at %s stepped down, and no other took the request within %v", fw.addr, n.cfg.HoldTimeout)}
+			default:
 				ferr := n.fwd.forwardError(c, err, write)
 				if !resendable(err, ferr) {
 					return zero, ferr
@@ -62,23 +73,11 @@ func route[T any](ctx context.Context, n *Node, write bool, local func(context.C
 				// below. A read so does not fail on a leader change
 				// that a client would have to retry itself.
 				err = ferr
-				goto wait
 			}
-			// The node raft named no longer leads, and did nothing
-			// with the request. If raft names another leader already,
-			// go there at once (once: the hold timeout may have passed
-			// while the remote waited); else wait for raft to name the
-			// new leader, and try again, as below.
-			if addr, ok := n.leaderClientAddr(); ok && addr != fw.addr && !moved {
-				moved = true
-				continue
-			}
-			err = &fencekv.Error{Code: fencekv.CodeUnavailable, Message: fmt.Sprintf("the leader at %s stepped down, and no other took the request within %v", fw.addr, n.cfg.HoldTimeout)}
 		}
 		// The leader raft last named cannot be reached (it may have
 		// died), or no longer leads: nothing was applied, so wait for a
 		// new leader and try again, as while there is none.
-	wait:
 		if deadline == nil {
 			t := time.NewTimer(n.holdLeft(ctx))
 			defer t.Stop()
