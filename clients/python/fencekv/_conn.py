@@ -286,6 +286,19 @@ class Conn:
 
     def close(self, cause: Optional[BaseException] = None) -> None:
         self.fail(cause or errors.ClientClosed("closed"))
+        # Under TLS the reader (or a sender) may be inside an SSL call,
+        # which works on the descriptor's number. Closing it then lets the
+        # next connection get that number, and the old SSL object read that
+        # connection's handshake and write its own alert into it (the new
+        # handshake fails: bad record MAC, wrong version number). So close
+        # between SSL calls: later ones see the socket closed (fd -1).
+        if self.tls:
+            with self._tls:
+                self._close_socket()
+        else:
+            self._close_socket()
+
+    def _close_socket(self) -> None:
         try:
             self.sock.close()
         except OSError:
