@@ -6,10 +6,13 @@ import os
 import shutil
 import signal
 import socket
+import ssl
 import subprocess
 import tempfile
 import threading
-from typing import Callable, List, Optional
+from typing import Any, Callable, List, Optional
+
+import pytest
 
 from conftest import Server, free_port, wait_for
 
@@ -224,4 +227,17 @@ def bcrypt_hash(binary: str, secret: str) -> str:
     return out.split()[-1]
 
 
-__all__ = ["CutProxy", "SilentListener", "Cluster", "make_certs", "bcrypt_hash", "signal"]
+__all__ = ["CutProxy", "SilentListener", "Cluster", "make_certs", "bcrypt_hash", "tls_auth_server", "signal"]
+
+
+def tls_auth_server(make_server: Any, fencekv_bin: str, tmp_path: Any) -> Any:
+    """A server on TLS with an auth file granting alice (secret s3cret) write:a/
+    and lock:a; returns it and an SSLContext trusting its CA."""
+    certs = make_certs(str(tmp_path))
+    if certs is None:
+        pytest.skip("openssl missing")
+    auth = tmp_path / "auth"
+    auth.write_text(f"alice {bcrypt_hash(fencekv_bin, 's3cret')} write:a/ lock:a\n")
+    server = make_server(extra=["--tls-cert", certs["srv.pem"], "--tls-key", certs["srv.key"],
+                                "--auth-file", str(auth)])
+    return server, ssl.create_default_context(cafile=certs["ca.pem"])

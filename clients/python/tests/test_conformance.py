@@ -13,7 +13,7 @@ import pytest
 
 import fencekv
 from conftest import Server, wait_for
-from helpers import Cluster, CutProxy, SilentListener, bcrypt_hash, make_certs
+from helpers import Cluster, CutProxy, SilentListener, tls_auth_server
 
 
 def in_thread(fn: Any, *args: Any, **kw: Any) -> Dict[str, Any]:
@@ -287,14 +287,7 @@ def test_C09_watch_resumed_across_cuts(server: Server) -> None:
 
 
 def test_C10_tls_and_auth(make_server: Any, fencekv_bin: str, tmp_path: Any) -> None:
-    certs = make_certs(str(tmp_path))
-    if certs is None:
-        pytest.skip("openssl missing")
-    auth = tmp_path / "auth"
-    auth.write_text(f"alice {bcrypt_hash(fencekv_bin, 's3cret')} write:a/ lock:a\n")
-    server = make_server(extra=["--tls-cert", certs["srv.pem"], "--tls-key", certs["srv.key"],
-                                "--auth-file", str(auth)])
-    ctx = ssl.create_default_context(cafile=certs["ca.pem"])
+    server, ctx = tls_auth_server(make_server, fencekv_bin, tmp_path)
     with fencekv.Client(server.addr, ssl=ctx, user="alice", secret="s3cret") as c:
         with c.lock("a-lock", ttl=2) as lease:
             c.put("a/x", b"1", lease=lease)

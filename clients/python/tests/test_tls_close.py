@@ -19,23 +19,12 @@ from typing import Any, Dict
 import pytest
 
 import fencekv
-from helpers import bcrypt_hash, make_certs
-
-
-def tls_server(make_server: Any, fencekv_bin: str, tmp_path: Any) -> Any:
-    certs = make_certs(str(tmp_path))
-    if certs is None:
-        pytest.skip("openssl missing")
-    auth = tmp_path / "auth"
-    auth.write_text(f"alice {bcrypt_hash(fencekv_bin, 's3cret')} write:a/ lock:a\n")
-    server = make_server(extra=["--tls-cert", certs["srv.pem"], "--tls-key", certs["srv.key"],
-                                "--auth-file", str(auth)])
-    return server, ssl.create_default_context(cafile=certs["ca.pem"])
+from helpers import tls_auth_server
 
 
 def test_tls_close_waits_for_the_ssl_call_in_progress(make_server: Any, fencekv_bin: str,
                                                       tmp_path: Any) -> None:
-    server, ctx = tls_server(make_server, fencekv_bin, tmp_path)
+    server, ctx = tls_auth_server(make_server, fencekv_bin, tmp_path)
     c = fencekv.Client(server.addr, ssl=ctx, user="alice", secret="s3cret")
     conn = c._conn
     assert conn is not None and conn.tls
@@ -78,7 +67,7 @@ def test_tls_new_clients_after_closed_ones(make_server: Any, fencekv_bin: str,
                                            tmp_path: Any) -> None:
     """The C10 sequence, repeated: a client closed after a refused auth, then
     a new one, on the same TLS server; every handshake succeeds."""
-    server, ctx = tls_server(make_server, fencekv_bin, tmp_path)
+    server, ctx = tls_auth_server(make_server, fencekv_bin, tmp_path)
     for i in range(15):
         with pytest.raises(fencekv.Unauthenticated):
             fencekv.Client(server.addr, ssl=ctx, user="alice", secret="wrong")
