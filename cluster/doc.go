@@ -10,7 +10,9 @@
 //     applied in batches; its snapshot is the bbolt file.
 //   - node.go: Node, which serves the wire protocol's Engine on every
 //     node: the leader proposes commands and answers reads after a quorum
-//     round (read.go); the others forward to it in one hop (forward.go).
+//     round (read.go); the others forward to it in one hop (forward.go),
+//     but for gets and scans, which they answer themselves with a read
+//     index from the leader (followerread.go).
 //   - leader.go: what only the leader runs: re-arming leases through a
 //     replicated command when it takes over, the expiry loop, the FIFO
 //     queues of blocking acquires and their hand-offs.
@@ -23,6 +25,8 @@
 //     once share one raft entry.
 //   - read.go: linearizable reads: a quorum round confirms the leadership
 //     before a read is answered.
+//   - followerread.go: a follower's linearizable gets and scans, on its
+//     own state once it has applied the leader's read index.
 //   - forward.go: the one connection to the leader that other nodes'
 //     requests go over.
 //   - votes.go: a node that starts without raft state takes no part in

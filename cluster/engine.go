@@ -117,11 +117,18 @@ func notLeader(addr string) error {
 }
 
 // read runs fn on this node's state once a read may be answered here
-// (linearizable, or stale if ctx allows), else forwards.
-func read[T any](ctx context.Context, n *Node, fn func(context.Context) (T, error), remote func(*wire.Client) (T, error)) (T, error) {
+// (linearizable, or stale if ctx allows), else forwards. onFollower marks
+// reads a follower may answer from its own state after asking the leader
+// for a read index (followerread.go).
+func read[T any](ctx context.Context, n *Node, onFollower bool, fn func(context.Context) (T, error), remote func(*wire.Client) (T, error)) (T, error) {
 	return route(ctx, n, false, func(ctx context.Context) (T, error) {
 		if !fencekv.StaleReads(ctx) {
-			if err := n.readIndex(ctx); err != nil {
+			err := n.readIndex(ctx)
+			var fw errForward
+			if onFollower && errors.As(err, &fw) && !wire.Forwarded(ctx) {
+				err = n.followerRead(ctx, fw.addr)
+			}
+			if err != nil {
 				var zero T
 				return zero, err
 			}
@@ -216,7 +223,7 @@ func (n *Node) Get(ctx context.Context, key []byte) (fencekv.Entry, error) {
 	if err := n.opts.CheckKey(key); err != nil {
 		return fencekv.Entry{}, err
 	}
-	return read(ctx, n, func(context.Context) (fencekv.Entry, error) { return n.m.Get(key) },
+	return read(ctx, n, true, func(context.Context) (fencekv.Entry, error) { return n.m.Get(key) },
 		func(c *wire.Client) (fencekv.Entry, error) { return c.Get(ctx, key) })
 }
 
@@ -231,7 +238,7 @@ func (n *Node) Scan(ctx context.Context, o fencekv.ScanOptions) ([]fencekv.Entry
 	if err != nil {
 		return nil, false, err
 	}
-	p, err := read(ctx, n, func(context.Context) (page[fencekv.Entry], error) {
+	p, err := read(ctx, n, true, func(context.Context) (page[fencekv.Entry], error) {
 		items, more, err := n.m.Scan(o.Prefix, o.Start, limit, n.opts.MaxScanBytes)
 		return page[fencekv.Entry]{items, more}, err
 	}, func(c *wire.Client) (page[fencekv.Entry], error) {
@@ -246,7 +253,7 @@ func (n *Node) LockInfo(ctx context.Context, name string) (fencekv.LockInfo, err
 	if err := n.opts.CheckName(name); err != nil {
 		return fencekv.LockInfo{}, err
 	}
-	return read(ctx, n, func(ctx context.Context) (fencekv.LockInfo, error) {
+	return read(ctx, n, false, func(ctx context.Context) (fencekv.LockInfo, error) {
 		info := func() (fencekv.LockInfo, error) { return n.m.LockInfo(n.now(), name) }
 		if fencekv.StaleReads(ctx) {
 			return info()
@@ -274,7 +281,7 @@ func (n *Node) Locks(ctx context.Context, prefix, start string, limit int) ([]fe
 	if err != nil {
 		return nil, false, err
 	}
-	p, err := read(ctx, n, func(ctx context.Context) (page[fencekv.LockInfo], error) {
+	p, err := read(ctx, n, false, func(ctx context.Context) (page[fencekv.LockInfo], error) {
 		list := func() (page[fencekv.LockInfo], error) {
 			items, more, err := n.m.Locks(n.now(), prefix, start, limit, n.opts.MaxScanBytes)
 			return page[fencekv.LockInfo]{items, more}, err

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"path/filepath"
 	"strconv"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -27,17 +28,24 @@ type memNode struct {
 	m     *state.Machine
 	fsm   *fsm
 	raft  *raft.Raft
+	logs  raft.LogStore
 	trans *raft.InmemTransport
 }
 
 func memGroup(t *testing.T, n int) []*memNode {
 	t.Helper()
+	nodes := memNodes(t, n)
+	bootMemGroup(t, nodes)
+	return nodes
+}
+
+// memNodes makes n nodes, connected, not started: a test may set up their
+// FSMs before bootMemGroup starts them.
+func memNodes(t *testing.T, n int) []*memNode {
+	t.Helper()
 	var nodes []*memNode
-	var servers []raft.Server
 	for i := range n {
-		nd := newMemNode(t, i)
-		nodes = append(nodes, nd)
-		servers = append(servers, raft.Server{ID: nd.id, Address: nd.trans.LocalAddr()})
+		nodes = append(nodes, newMemNode(t, i))
 	}
 	for _, a := range nodes {
 		for _, b := range nodes {
@@ -46,13 +54,20 @@ func memGroup(t *testing.T, n int) []*memNode {
 			}
 		}
 	}
+	return nodes
+}
+
+// bootMemGroup starts the nodes and bootstraps them as one group.
+func bootMemGroup(t *testing.T, nodes []*memNode) {
+	t.Helper()
+	var servers []raft.Server
 	for _, nd := range nodes {
+		servers = append(servers, raft.Server{ID: nd.id, Address: nd.trans.LocalAddr()})
 		nd.start(t)
 	}
 	if err := nodes[0].raft.BootstrapCluster(raft.Configuration{Servers: servers}).Error(); err != nil {
 		t.Fatal(err)
 	}
-	return nodes
 }
 
 func newMemNode(t *testing.T, i int) *memNode {
@@ -75,6 +90,7 @@ func (nd *memNode) start(t *testing.T) {
 	rc.TrailingLogs = 4
 	rc.Logger = hclog.New(&hclog.LoggerOptions{Output: io.Discard})
 	store := raft.NewInmemStore()
+	nd.logs = store
 	r, err := raft.NewRaft(rc, nd.fsm, store, store, raft.NewInmemSnapshotStore(), nd.trans)
 	if err != nil {
 		t.Fatal(err)
@@ -380,5 +396,88 @@ func TestFSMFreedAfterPublish(t *testing.T) {
 	}
 	if got := m.Applied(); got != 3 {
 		t.Fatalf("applied %d after the batch; want 3", got)
+	}
+}
+
+// TestAppliedToWaitsForTheFSM: raft moves a follower's AppliedIndex when it
+// hands entries to the FSM's goroutine, before the FSM has applied them.
+// A read that waits for an index must wait for the FSM: taking raft's
+// word, a follower read answered from a state without a write that was
+// acknowledged before the read began (TestLinearizableCluster found it).
+// Here the follower's FSM is held inside one batch (the release's freed
+// callback) while raft hands it the next entry, a put.
+func TestAppliedToWaitsForTheFSM(t *testing.T) {
+	nodes := memNodes(t, 3)
+	type gate struct{ entered, release chan struct{} }
+	gates := make([]atomic.Pointer[gate], len(nodes))
+	for i, nd := range nodes {
+		nd.fsm.freed = func(string) {
+			if g := gates[i].Load(); g != nil {
+				close(g.entered)
+				<-g.release
+			}
+		}
+	}
+	bootMemGroup(t, nodes)
+	l := memLeader(t, nodes)
+	fi := 0
+	for nodes[fi] == l {
+		fi++
+	}
+	f := nodes[fi]
+	acq := propose(t, l, state.Command{Op: state.OpAcquire, Lease: state.LeaseRequest{Name: "L", TTL: time.Minute}})
+	if acq[0].Err != nil {
+		t.Fatal(acq[0].Err)
+	}
+	waitApplied(t, nodes, l.raft.LastIndex())
+
+	g := &gate{entered: make(chan struct{}), release: make(chan struct{})}
+	gates[fi].Store(g)
+	released := false
+	defer func() {
+		if !released {
+			close(g.release)
+		}
+	}()
+	propose(t, l, state.Command{Op: state.OpRelease, Lease: state.LeaseRequest{Name: "L"}, Token: acq[0].Grant.Token})
+	<-g.entered // the follower's FSM is inside the release's batch
+	fut := l.raft.Apply(state.EncodeBatch([]state.Command{put("k", "v", 0)}), 5*time.Second)
+	if err := fut.Error(); err != nil {
+		t.Fatal(err)
+	}
+	index := fut.Index()
+	for deadline := time.Now().Add(10 * time.Second); f.raft.AppliedIndex() < index; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the follower's raft did not hand on index %d", index)
+		}
+	}
+	if e, err := f.m.Get([]byte("k")); err != nil || e.Value != nil {
+		t.Fatalf("the follower's k = %+v, %v while its FSM is held: the test does not hold it", e, err)
+	}
+	if appliedTo(f.fsm, f.raft, f.logs, index) {
+		t.Fatalf("appliedTo(%d) on the follower while its FSM is held before the put; raft's AppliedIndex is %d", index, f.raft.AppliedIndex())
+	}
+
+	close(g.release)
+	released = true
+	waitApplied(t, []*memNode{f}, index)
+	if !appliedTo(f.fsm, f.raft, f.logs, index) {
+		t.Fatalf("appliedTo(%d) false once the follower applied it", index)
+	}
+	if e, err := f.m.Get([]byte("k")); err != nil || string(e.Value) != "v" {
+		t.Fatalf("the follower's k = %+v, %v after it applied the put", e, err)
+	}
+
+	// A barrier is never given to the FSM: the leader's state covers its
+	// index once raft has handed it on.
+	if err := l.raft.Barrier(5 * time.Second).Error(); err != nil {
+		t.Fatal(err)
+	}
+	barrier := l.raft.AppliedIndex()
+	if applied, _ := l.fsm.appliedIndex(); applied >= barrier {
+		t.Fatalf("the FSM's applied index %d is the barrier's %d: the case is not exercised", applied, barrier)
+	}
+	if !appliedTo(l.fsm, l.raft, l.logs, barrier) {
+		t.Fatalf("appliedTo(%d), a barrier after the FSM's last entry, is false", barrier)
 	}
 }

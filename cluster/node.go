@@ -69,6 +69,7 @@ type Node struct {
 	observer *raft.Observer
 
 	leaderChanges atomic.Uint64 // leader observations (metrics)
+	followerReads atomic.Uint64 // linearizable reads answered here as a follower (followerread.go)
 	seeds         *seedState    // set while the store restored from a backup has yet to seed the cluster (ops.go)
 
 	hmu    sync.Mutex          // guards kicked
@@ -76,6 +77,7 @@ type Node struct {
 	hwake  chan struct{}       // wakes the hand-off loop
 
 	reads    verifier
+	asker    indexAsker // a follower's read indexes (followerread.go)
 	fwd      forwarder
 	props    *proposer
 	refusals *fencekv.RefusalLog
@@ -160,6 +162,7 @@ func Open(cfg Config) (n *Node, err error) {
 	}
 
 	n.reads.n = n
+	n.asker.n = n
 	n.fwd.n = n
 	n.props = newProposer(n)
 	n.wg.Go(n.props.run)

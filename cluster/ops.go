@@ -51,6 +51,10 @@ func (n *Node) Ready(ctx context.Context) error {
 // node (including to no leader).
 func (n *Node) LeaderChanges() uint64 { return n.leaderChanges.Load() }
 
+// FollowerReads counts the linearizable reads this node answered from its
+// own state as a follower (followerread.go), for metrics.
+func (n *Node) FollowerReads() uint64 { return n.followerReads.Load() }
+
 // LastContact is the time since this node last heard from the leader: 0
 // on the leader, false if it never has.
 func (n *Node) LastContact() (time.Duration, bool) {

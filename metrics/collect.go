@@ -35,6 +35,7 @@ var (
 	dCommit        = desc("fencekv_raft_commit_index", "The last raft index this node knows committed.")
 	dApplied       = desc("fencekv_raft_applied_index", "The last raft index this node applied.")
 	dLeaderChanges = desc("fencekv_raft_leader_changes_total", "Changes of leader this node has seen since start (including to no leader).")
+	dFollowerReads = desc("fencekv_follower_reads_total", "Linearizable reads this node answered from its own state as a follower, with a read index from the leader.")
 	dLastContact   = desc("fencekv_raft_last_contact_seconds", "Time since this node last heard from the leader (0 on the leader); absent if it never has.")
 	dScrapeErr     = desc("fencekv_status_errors_total", "Scrapes whose reading of the store's status failed.")
 	dMembers       = desc("fencekv_cluster_members", "Nodes this node knows of, by gossip state (alive, suspect, dead, left; unknown: in raft's configuration, never heard of by gossip).", "state")
@@ -56,7 +57,7 @@ var roles = []string{"single", "leader", "follower", "candidate"}
 
 func (c *storeCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{dBuild, dLastToken, dRevision, dKeys, dLocks, dWaiters, dGrants, dExpiries,
-		dCommits, dCommands, dDataSize, dConns, dRole, dHasLeader, dTerm, dCommit, dApplied, dLeaderChanges, dLastContact, dScrapeErr,
+		dCommits, dCommands, dDataSize, dConns, dRole, dHasLeader, dTerm, dCommit, dApplied, dLeaderChanges, dFollowerReads, dLastContact, dScrapeErr,
 		dMembers, dVoters} {
 		ch <- d
 	}
@@ -119,6 +120,9 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(dLastContact, d.Seconds())
 		}
 	}
+	if r, ok := st.store.(followerReader); ok {
+		counter(dFollowerReads, float64(r.FollowerReads()))
+	}
 	if ml, ok := st.store.(members); ok {
 		if ms, err := ml.Members(ctx); err == nil {
 			all, voters := map[string]int{}, map[string]int{}
@@ -134,4 +138,10 @@ func (c *storeCollector) Collect(ch chan<- prometheus.Metric) {
 			}
 		}
 	}
+}
+
+// followerReader is a cluster node that answers linearizable reads as a
+// follower.
+type followerReader interface {
+	FollowerReads() uint64
 }

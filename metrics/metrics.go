@@ -63,7 +63,7 @@ type Conns interface {
 // cannot make series without bound.
 var methodNames = []string{"ping", "get", "put", "delete", "cas", "incr", "scan", "acquire", "renew", "release",
 	"lock_info", "locks", "status", "members", "backup", "backup_read", "auth",
-	"txn", "watch", "unwatch", "term", "refusals", "forwarding", "unknown"}
+	"txn", "watch", "unwatch", "term", "refusals", "forwarding", "read_index", "unknown"}
 
 // codeNames are the result codes: "ok", then the refusal codes of the
 // protocol. A code not listed is counted as "other".
@@ -124,8 +124,10 @@ func methodIndex(method string) int {
 		return 21
 	case "forwarding":
 		return 22
+	case "read_index":
+		return 23
 	}
-	return 23 // unknown
+	return 24 // unknown
 }
 
 // codeIndex is the index of a refusal code in codeNames.

@@ -47,6 +47,23 @@ func (c *Client) Term(ctx context.Context) (uint64, error) {
 	return t, err
 }
 
+// ReadIndex asks a cluster's leader for a read index: its commit index,
+// once it has confirmed that it leads. A node that has applied its log up
+// to the index may answer, from its own state, a linearizable read that
+// arrived before the call. A node that does not lead answers not_leader.
+func (c *Client) ReadIndex(ctx context.Context) (uint64, error) {
+	var index uint64
+	err := c.do(ctx, "read_index", nil, func(dec *msgpack.Decoder) error {
+		return eachField(dec, func(dec *msgpack.Decoder, k string) error {
+			if k != "index" {
+				return dec.Skip()
+			}
+			return decodeTo(dec, &index)
+		})
+	})
+	return index, err
+}
+
 // Members lists the nodes of the server's cluster (none for a single
 // node).
 func (c *Client) Members(ctx context.Context) ([]fencekv.Member, error) {

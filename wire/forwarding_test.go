@@ -2,6 +2,7 @@ package wire_test
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"testing"
 
@@ -134,4 +135,21 @@ func TestForwardingMarksOnlyLaterRequests(t *testing.T) {
 			raw.nc.Close()
 		}
 	})
+}
+
+// TestReadIndexSingleNode: read_index, a cluster follower's ask to its
+// leader, is answered not_leader by a single node (it leads no cluster),
+// and changes nothing.
+func TestReadIndexSingleNode(t *testing.T) {
+	db := openDB(t)
+	_, addr, _ := serveEngine(t, db, wireConfig())
+	cl := dial(t, addr)
+	_, err := cl.ReadIndex(context.Background())
+	var fe *fencekv.Error
+	if !errors.As(err, &fe) || fe.Code != fencekv.CodeNotLeader {
+		t.Fatalf("read_index on a single node = %v; want not_leader", err)
+	}
+	if _, err := cl.Ping(context.Background()); err != nil {
+		t.Fatalf("the connection after read_index: %v", err)
+	}
 }

@@ -104,9 +104,12 @@ var methodSpecs = map[string]methodSpec{
 	"status":    {call: status, readOnly: true, resend: resendSafe},
 	"members":   {call: members, resend: resendSafe},
 	"term":      {call: term, readOnly: true, resend: resendSafe},
-	"refusals":  {call: refusals, resend: resendSafe},
-	"txn":       {call: txn, effect: effectStore, right: rightTxn},
-	"auth":      {call: authenticate, effect: effectConn, right: rightSelf}, // auth.go
+	// Not readOnly: it waits for the leader's quorum round, which would
+	// hold up the requests behind it on a follower's one connection.
+	"read_index": {call: readIndex, resend: resendSafe},
+	"refusals":   {call: refusals, resend: resendSafe},
+	"txn":        {call: txn, effect: effectStore, right: rightTxn},
+	"auth":       {call: authenticate, effect: effectConn, right: rightSelf}, // auth.go
 
 	// The connection's own (watch.go, backup.go, server.go).
 	"watch":   {stream: true, effect: effectConn, right: rightWatch},

@@ -389,6 +389,30 @@ func term(_ context.Context, eng Engine, _ *args, e *encoder) error {
 	return nil
 }
 
+// readIndexer is a cluster node: as the leader, it confirms that it leads
+// and gives its commit index, for another node's linearizable read.
+type readIndexer interface {
+	ReadIndex(ctx context.Context) (uint64, error)
+}
+
+// readIndex answers the leader's commit index once it has confirmed, as
+// for a linearizable read of its own, that it leads: a follower that has
+// applied the log up to it may answer a read that arrived before it asked
+// from its own state.
+func readIndex(ctx context.Context, eng Engine, _ *args, e *encoder) error {
+	ri, ok := eng.(readIndexer)
+	if !ok {
+		return &fencekv.Error{Code: fencekv.CodeNotLeader, Message: "read_index: this server is not a cluster node"}
+	}
+	index, err := ri.ReadIndex(ctx)
+	if err != nil {
+		return err
+	}
+	e.EncodeMapLen(1)
+	e.uint("index", index)
+	return nil
+}
+
 // memberLister is an engine that knows its cluster's members.
 type memberLister interface {
 	Members(ctx context.Context) ([]fencekv.Member, error)
