@@ -176,17 +176,19 @@ else
 	"$BENCHPEERS" --from "$JSON" --out "$OUT"
 fi
 
+single_json= # the single-node results, for the cluster's goals against one node
+[ -f "$JSON" ] && single_json=$JSON
 if [ "$CLUSTER" = 1 ]; then
 	say "running the 3-node comparison (benchpeers cluster; it starts and stops both clusters itself)"
 	mkdir -p "$tmp/clusters"
 	"$BENCHPEERS" cluster --fencekv-bin "$FENCEKV" --etcd-bin "$(command -v etcd)" --etcd-version "$etcd_version" \
 		--data-dir "$tmp/clusters" --duration "$DURATION" --warmup "$WARMUP" --rounds "$ROUNDS" \
 		--clients "$CLIENTS" --workloads "$CLUSTER_WORKLOADS" --kills "$KILLS" \
-		--out "$tmp/cluster.md" --json "$CLUSTER_JSON"
+		--out "$tmp/cluster.md" --json "$CLUSTER_JSON" ${single_json:+--single "$single_json"}
 	{ echo; cat "$tmp/cluster.md"; } >>"$OUT"
 	say "appended the 3-node comparison to $OUT; its results are in $CLUSTER_JSON"
 elif [ -f "$CLUSTER_JSON" ]; then
 	say "CLUSTER=0: the 3-node section comes from $CLUSTER_JSON (not rerun)"
-	"$BENCHPEERS" cluster --from "$CLUSTER_JSON" --out "$tmp/cluster.md"
+	"$BENCHPEERS" cluster --from "$CLUSTER_JSON" --out "$tmp/cluster.md" ${single_json:+--single "$single_json"}
 	{ echo; cat "$tmp/cluster.md"; } >>"$OUT"
 fi

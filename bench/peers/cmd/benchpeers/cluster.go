@@ -82,6 +82,10 @@ func loadCluster(name string) (*clusterReport, error) {
 type clusterReport struct {
 	report
 	Failover []failoverResult `json:"failover"`
+
+	// single is the single-node report of the same run (--single), for
+	// the goals against one node; nil without it.
+	single *report
 }
 
 func clusterMain(args []string, stdout, stderr io.Writer) int {
@@ -93,6 +97,7 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 	out := fs.String("out", "", "write the markdown section to this file (default stdout)")
 	jsonOut := fs.String("json", "", "also write every result as JSON to this file")
 	from := fs.String("from", "", "run nothing: write the section of the results in this JSON file (from --json)")
+	single := fs.String("single", "", "the single-node results of the same run (benchpeers --json), for the goals against one node")
 	fs.StringVar(&o.fencekvBin, "fencekv-bin", "", "the fencekv `BINARY`; empty skips fencekv")
 	fs.StringVar(&o.etcdBin, "etcd-bin", "", "the etcd `BINARY`; empty skips etcd")
 	fs.StringVar(&o.etcdVersion, "etcd-version", "", "etcd's version, for the report")
@@ -127,6 +132,9 @@ func clusterMain(args []string, stdout, stderr io.Writer) int {
 		rep, err = loadCluster(*from)
 	} else {
 		rep, err = measureClusters(ctx, o, stderr)
+	}
+	if err == nil && *single != "" {
+		rep.single, err = load(*single)
 	}
 	if err != nil {
 		fmt.Fprintf(stderr, "benchpeers cluster: %v\n", err)
@@ -734,8 +742,9 @@ func (r *clusterReport) clusterGoals() []goal {
 	}
 	ratioGoal(bench.FencedPut, 5)
 	ratioGoal(bench.LockCycle, 5)
-	ratioGoal(bench.Contended, 10)
-	ratioGoal(bench.Get, 3)
+	ratioGoal(bench.Contended, 5)
+	ratioGoal(bench.Get, 5)
+	gs = append(gs, r.singleGoals()...)
 	var f, e *failoverResult
 	for i := range r.Failover {
 		switch r.Failover[i].System {
@@ -757,4 +766,62 @@ func (r *clusterReport) clusterGoals() []goal {
 		gs = append(gs, goal{name, fmt.Sprintf("fencekv %s (max %s), etcd %s (max %s)", ms(f.Median), ms(f.Max), ms(e.Median), ms(e.Max)), v})
 	}
 	return gs
+}
+
+// singleGoals judges the cluster against a single fencekv node of the
+// same run: throughput at 64 clients at least half of the node's, and a
+// 1-client fenced put's p50 at most twice the node's and within 1.5x of
+// the floor of a round (a synced echo to another process, plus the
+// forward hop, taken as a fencekv ping: the baselines of the single-node
+// run).
+func (r *clusterReport) singleGoals() []goal {
+	var gs []goal
+	half := func(wl bench.Workload) {
+		name := fmt.Sprintf("%s at 64 clients ≥ half a single node's", wl)
+		c, okc := r.find("fencekv", wl, 64)
+		var one runResult
+		oks := false
+		if r.single != nil {
+			one, oks = r.single.find("fencekv", wl, 64)
+		}
+		if !okc || !oks {
+			gs = append(gs, goal{name, "no single-node run to compare (--single)", "not checked"})
+			return
+		}
+		x := c.Result.OpsPerSec / one.Result.OpsPerSec
+		gs = append(gs, goal{name, fmt.Sprintf("%.0f%% (%.0f vs %.0f ops/s)", 100*x, c.Result.OpsPerSec, one.Result.OpsPerSec), verdict(x, 0.5)})
+	}
+	half(bench.FencedPut)
+	half(bench.LockCycle)
+
+	const twice = "fenced-put at 1 client: p50 ≤ 2× a single node's"
+	const floorName = "fenced-put at 1 client: p50 ≤ 1.5× the floor (synced echo + forward hop)"
+	c, okc := r.find("fencekv", bench.FencedPut, 1)
+	var one runResult
+	oks := false
+	if r.single != nil {
+		one, oks = r.single.find("fencekv", bench.FencedPut, 1)
+	}
+	if !okc || !oks {
+		gs = append(gs, goal{twice, "no single-node run to compare (--single)", "not checked"})
+	} else {
+		got, base := c.Result.Latency.P50, one.Result.Latency.P50
+		gs = append(gs, goal{twice, fmt.Sprintf("%s (%s vs %s)", times(float64(got)/float64(base)), ms(got), ms(base)), atMost(float64(got)/float64(base), 2)})
+	}
+	if bl := r.single; !okc || bl == nil || bl.Baselines.SyncedEcho.Count == 0 || bl.Baselines.FencekvPing.Count == 0 {
+		gs = append(gs, goal{floorName, "no single-node baselines (--single)", "not checked"})
+	} else {
+		got, floor := c.Result.Latency.P50, bl.Baselines.SyncedEcho.P50+bl.Baselines.FencekvPing.P50
+		gs = append(gs, goal{floorName, fmt.Sprintf("%s (%s vs %s: echo %s + ping %s)", times(float64(got)/float64(floor)), ms(got), ms(floor),
+			ms(bl.Baselines.SyncedEcho.P50), ms(bl.Baselines.FencekvPing.P50)), atMost(float64(got)/float64(floor), 1.5)})
+	}
+	return gs
+}
+
+// atMost is the verdict on a ratio x that should be at most limit.
+func atMost(x, limit float64) string {
+	if x <= limit {
+		return "met"
+	}
+	return fmt.Sprintf("**missed**: %s, over %s", times(x), times(limit))
 }
