@@ -27,6 +27,15 @@
 // from before the last Reset, numbered A or lower, may follow the live
 // records: whole ones, or the rest of one cut by a newer record.
 //
+// Growing the file costs the same at each sync: the file's new size must
+// be journaled with the data. So the file is extended ahead of the
+// records, in steps (preallocate: fallocate on Linux, doubling up to
+// maxGrow at a time), and most syncs find the size unchanged: on this
+// project's ext4 test machines an append and sync that grew the file took
+// twice as long as one into a preallocated file. The bytes past the last
+// record are then zeros, which read as a clean end (below); where the
+// file system cannot preallocate, the log grows with its records.
+//
 // # Reading: the end of the log, torn tails and corruption
 //
 // Open(path, after) (and Read, which only reads) is given A, the last
@@ -135,6 +144,8 @@ type Tail struct {
 type Log struct {
 	f      *os.File
 	off    int64  // where the next record goes
+	size   int64  // the file's size: appends below it do not grow it
+	fixed  bool   // the file system cannot preallocate: appends grow the file
 	synced int64  // the records before it are synced (see Synced)
 	buf    []byte // reused for appends
 	faults string // the failpoints' prefix (diskfault): "wal", or SetFaultPoints'
@@ -173,7 +184,7 @@ func Open(path string, after uint64) (*Log, []Record, Tail, error) {
 	if diskfault.Enabled {
 		diskfault.LogOpened(path, data) // the power-loss recorder: what is on the disk
 	}
-	l := &Log{f: f, faults: "wal"}
+	l := &Log{f: f, faults: "wal", size: int64(len(data))}
 	if len(recs) > 0 {
 		l.off = tail.Offset
 	}
@@ -350,11 +361,37 @@ func (l *Log) Append(lsn uint64, payloads ...[]byte) error {
 		}
 		diskfault.LogWrite(l.f.Name(), l.off, int64(len(b)))
 	}
+	end := l.off + int64(len(b))
+	if end > l.size && !l.fixed {
+		l.grow(end)
+	}
 	if _, err := l.f.WriteAt(b, l.off); err != nil {
 		return fmt.Errorf("wal: append: %w", err)
 	}
-	l.off += int64(len(b))
+	l.off = end
+	l.size = max(l.size, end)
 	return nil
+}
+
+// minGrow and maxGrow bound the steps the file grows by: its size so far,
+// within these.
+const (
+	minGrow = 1 << 20
+	maxGrow = 16 << 20
+)
+
+// grow extends the file past end, ahead of the appends (see the package
+// doc). A file system that cannot do it gets plain appends from then on;
+// any other failure (a full disk) is left to the write that follows.
+func (l *Log) grow(end int64) {
+	step := min(max(l.size, minGrow), maxGrow)
+	size := end + step
+	switch err := preallocate(l.f, l.size, size-l.size); {
+	case err == nil:
+		l.size = size
+	case errors.Is(err, errors.ErrUnsupported):
+		l.fixed = true
+	}
 }
 
 // RecordSize is how many bytes of the file a record with an n-byte payload
@@ -442,7 +479,7 @@ func (l *Log) Truncate(off int64) error {
 	if diskfault.Enabled {
 		diskfault.LogTruncated(l.f.Name(), l.f, off)
 	}
-	l.off = off
+	l.off, l.size = off, off
 	l.synced = min(l.synced, off)
 	return nil
 }

@@ -2,6 +2,7 @@ package wal
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"math/rand/v2"
@@ -126,7 +127,7 @@ func TestTornTail(t *testing.T) {
 	l, _, _ := open(t, full, 0)
 	appendAll(t, l, 1, "first", "second record")
 	l.Close()
-	data := readFile(t, full)
+	data := readFile(t, full)[:l.Size()] // without the zeros preallocated after it
 	lastStart := header + len("first")
 	for cut := lastStart; cut < len(data); cut++ {
 		path := filepath.Join(dir, fmt.Sprintf("cut%d", cut))
@@ -151,7 +152,7 @@ func TestDamagedLastRecord(t *testing.T) {
 	l, _, _ := open(t, src, 0)
 	appendAll(t, l, 1, "a", "bb", "the last record")
 	l.Close()
-	good := readFile(t, src)
+	good := readFile(t, src)[:l.Size()]
 	last := 2*header + 3
 	for name, damage := range map[string]func(b []byte){
 		"payload garbage":   func(b []byte) { copy(b[last+header:], "GARBAGE GARBAGE") },
@@ -199,7 +200,7 @@ func bigLog(t *testing.T, path string, first uint64, n int) ([]byte, []int) {
 		t.Fatal(err)
 	}
 	l.Close()
-	return readFile(t, path), starts
+	return readFile(t, path)[:l.Size()], starts
 }
 
 // TestCorruptionIsAnError flips bits of a 431-record log in the first
@@ -417,7 +418,7 @@ func TestCorruptRecordInBigLog(t *testing.T) {
 		}
 	}
 	l.Close()
-	data := readFile(t, path)
+	data := readFile(t, path)[:l.Size()]
 	// The damaged record's length is garbage, and so is every byte up to
 	// the last record: only that one is left to find.
 	rec := header + len(payload)
@@ -499,5 +500,84 @@ func TestAppendMany(t *testing.T) {
 	}
 	if len(recs) != 4 || tail.Offset != size || tail.Torn {
 		t.Fatalf("%d records, tail %+v; want 4 ending at %d", len(recs), tail, size)
+	}
+}
+
+// TestPreallocated: the file grows ahead of the records, in steps, so that
+// most appends do not change its size (a sync then has no size to
+// journal); the zeros after the last record read as a clean end, a torn
+// record in them as a torn tail, and a truncated log grows again.
+func TestPreallocated(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "log")
+	l, _, _ := open(t, path, 0)
+	payload := bytes.Repeat([]byte("p"), 1000)
+	size := func() int64 {
+		t.Helper()
+		st, err := os.Stat(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return st.Size()
+	}
+	changes, last := 0, size()
+	const n = 3000
+	for i := range n {
+		if err := l.Append(uint64(i+1), payload); err != nil {
+			t.Fatal(err)
+		}
+		if s := size(); s != last {
+			changes, last = changes+1, s
+		}
+		if last < l.Size() {
+			t.Fatalf("the file is %d bytes, the records %d", last, l.Size())
+		}
+	}
+	if l.fixed {
+		t.Skip("this file system cannot preallocate")
+	}
+	if err := l.Sync(); err != nil {
+		t.Fatal(err)
+	}
+	// 3 MB of records: 1 MiB, then 2, then 4 at a time.
+	if changes > 4 {
+		t.Fatalf("the file's size changed %d times over %d appends; want a few steps", changes, n)
+	}
+	if last == l.Size() {
+		t.Fatalf("the file is %d bytes, no more than its records: nothing preallocated", last)
+	}
+	end := l.Size()
+	// A torn append in the zeros: the header and half the payload.
+	var b []byte
+	b = binary.BigEndian.AppendUint32(b, uint32(len(payload)))
+	b = binary.BigEndian.AppendUint32(b, 12345)
+	b = binary.BigEndian.AppendUint64(b, n+1)
+	b = append(b, payload[:500]...)
+	if _, err := l.f.WriteAt(b, end); err != nil {
+		t.Fatal(err)
+	}
+	l.Close()
+	l, recs, tail := open(t, path, n-2)
+	wantRecs(t, recs, n-1, string(payload), string(payload))
+	wantTail(t, tail, end, true)
+	if _, _, tail := open(t, path, n); tail.Reason == "zeros" {
+		t.Fatalf("tail %+v: the torn record read as zeros", tail)
+	}
+	appendAll(t, l, n+1, "after the torn one")
+	l.Close()
+	l, recs, tail = open(t, path, n)
+	wantRecs(t, recs, n+1, "after the torn one")
+	if tail.Torn { // the rest of the torn record follows: older bytes
+		t.Fatalf("tail %+v after the record that replaced the torn one; want a clean end", tail)
+	}
+	// Cut back, the log grows again from the cut.
+	if err := l.Truncate(recs[0].Offset); err != nil {
+		t.Fatal(err)
+	}
+	if s := size(); s != recs[0].Offset {
+		t.Fatalf("truncated to %d bytes; the file has %d", recs[0].Offset, s)
+	}
+	appendAll(t, l, n+1, "again")
+	if s := size(); s <= l.Size() {
+		t.Fatalf("the file is %d bytes after an append past the cut, the records %d: nothing preallocated", s, l.Size())
 	}
 }
