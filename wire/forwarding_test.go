@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/fencekv/fencekv"
 	"github.com/fencekv/fencekv/wire"
@@ -152,4 +153,57 @@ func TestReadIndexSingleNode(t *testing.T) {
 	if _, err := cl.Ping(context.Background()); err != nil {
 		t.Fatalf("the connection after read_index: %v", err)
 	}
+}
+
+// holdingPuts holds a put of the key "held" until release is closed, and
+// reports every put as it reaches the engine.
+type holdingPuts struct {
+	*fencekv.DB
+	arrived chan string
+	release chan struct{}
+}
+
+func (h *holdingPuts) Put(ctx context.Context, key, value []byte, w fencekv.WriteOptions) (fencekv.WriteResult, error) {
+	h.arrived <- string(key)
+	if string(key) == "held" {
+		<-h.release
+	}
+	return h.DB.Put(ctx, key, value, w)
+}
+
+// TestForwardedWritesNotHeldBehindOne: on another node's forwarding link,
+// which carries many clients' requests, a write that waits for its commit
+// holds up none read after it. A plain connection's lone write is served
+// by its reader (the client waits for its answer), and so was a
+// forwarded one: the link's next write then sat unread until the first
+// committed, missing the raft batch it could have shared.
+func TestForwardedWritesNotHeldBehindOne(t *testing.T) {
+	eachMode(t, func(t *testing.T, loop bool) {
+		eng := &holdingPuts{DB: openDB(t), arrived: make(chan string, 4), release: make(chan struct{})}
+		cfg := wireConfig()
+		cfg.EventLoop = loop
+		_, addr, _ := serveEngine(t, eng, cfg)
+		raw := dialRaw(t, addr)
+		raw.send([]any{2, "forwarding", []any{}})
+		raw.send([]any{0, 1, "put", []any{map[string]any{"key": "held", "value": "v"}}})
+		if k := <-eng.arrived; k != "held" {
+			t.Fatalf("the first put to arrive: %q", k)
+		}
+		raw.send([]any{0, 2, "put", []any{map[string]any{"key": "next", "value": "v"}}})
+		select {
+		case k := <-eng.arrived:
+			if k != "next" {
+				t.Fatalf("the second put to arrive: %q", k)
+			}
+		case <-time.After(10 * time.Second):
+			close(eng.release)
+			t.Fatal("a forwarded put waited unread behind one waiting for its commit")
+		}
+		close(eng.release)
+		for range 2 {
+			if p := raw.reply(); p.err != nil {
+				t.Fatalf("answer %+v", p)
+			}
+		}
+	})
 }

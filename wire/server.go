@@ -672,8 +672,9 @@ func (c *conn) readLoop() {
 		// when that holds up nothing: reads (microseconds to a
 		// millisecond), and writes when the client has sent nothing more
 		// yet (a client waiting for this answer; a pipelining client gets
-		// its writes served concurrently, so they share commits). Never
-		// an acquire that may wait for the lock.
+		// its writes served concurrently, so they share commits), unless
+		// the connection is another node's forwarding link
+		// (serveRequest). Never an acquire that may wait for the lock.
 		var now time.Time
 		if c.s.cfg.Observe != nil {
 			now = time.Now()
@@ -736,6 +737,10 @@ func (c *conn) serveRequest(m message, a *args, idle bool) {
 		c.forwarded = true
 	}
 	m.forwarded = c.forwarded
+	// Not a forwarded write: another node's link carries many clients'
+	// requests, and one that arrives while this one waits for its commit
+	// would wait unread behind it, missing the next raft batch.
+	idle = idle && !c.forwarded
 	if m.info != nil && m.info.readOnly || idle && m.typ == typeRequest && !(m.method == "acquire" && a.waitMs > 0) {
 		c.handlers.Add(1)
 		m.inline = c.raw != nil
