@@ -40,7 +40,7 @@ race:
 	$(GO) test -race -count=1 -timeout 20m ./...
 	FENCEKV_TEST_EVENT_LOOP=0 $(GO) test -race -count=1 -timeout 10m ./wire
 
-test: vet fmt-check race test-sql test-clients test-examples
+test: vet fmt-check race test-sql test-clients test-examples test-bench
 
 # The clients in other languages, against real servers built from this
 # tree: each suite runs where its tools are (python3 with msgpack and
@@ -68,6 +68,12 @@ test-examples:
 	@if [ -x "$$(ls -d /usr/lib/postgresql/*/bin 2>/dev/null | sort -V | tail -1)/postgres" ]; then \
 		cd examples/inventory/go && $(GO) test -count=1 .; \
 	else echo "skipped the Go inventory example's test: PostgreSQL missing; install with apt-get install postgresql"; fi
+
+# The report logic of the side-by-side comparison (bench/peers, a module of
+# its own): the goals it judges. Runs no server.
+.PHONY: test-bench
+test-bench:
+	cd bench/peers && $(GO) test -count=1 ./cmd/benchpeers
 
 bench:
 	$(GO) test -run '^$$' -bench . -benchmem -benchtime 2s ./...
