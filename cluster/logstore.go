@@ -35,8 +35,8 @@ import (
 // diverged from a new leader's, its newest entries (later segments are
 // removed, then the segment holding the cut is truncated there and
 // synced). After a crash, a torn last record of the newest segment is
-// dropped (it was never synced, so never acknowledged); damage anywhere
-// else fails Open with wal.ErrCorrupt.
+// cut off at open (it was never synced, so never acknowledged); damage
+// anywhere else fails Open with wal.ErrCorrupt.
 type logStore struct {
 	dir    string
 	noSync bool
@@ -108,6 +108,17 @@ func openLogStore(dir string, noSync bool) (*logStore, error) {
 		if err := checkSegment(f, recs, tail, i == len(files)-1, s.last()); err != nil {
 			s.Close()
 			return nil, err
+		}
+		if tail.Torn {
+			// The newest segment's last write was torn (checkSegment
+			// allows it nowhere else). Cut it off now: were the segment
+			// full, the next entry would start a new one, leaving the torn
+			// record in a segment that newer ones follow, which the next
+			// start would refuse as damage.
+			if err := l.Truncate(tail.Offset); err != nil {
+				s.Close()
+				return nil, fmt.Errorf("cluster: raft log: cutting the torn last write of %s: %w", f.path, err)
+			}
 		}
 		if len(recs) > 0 && s.first == 0 {
 			s.first = f.first

@@ -276,6 +276,42 @@ func TestLogStoreCrash(t *testing.T) {
 			t.Fatalf("entry 60 = %+v, %v", l, err)
 		}
 	})
+	t.Run("torn last record of a full segment", func(t *testing.T) {
+		// A batch whose first entry filled the segment and whose second
+		// was torn: the next entry starts a new segment, and the torn
+		// bytes must not be left behind in the one before it (the next
+		// start refused the log: a damaged record with newer segments
+		// after it).
+		dir, files := build(t)
+		s, err := openLogStore(dir, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		big := &raft.Log{Index: 61, Term: 1, Data: bytes.Repeat([]byte("b"), int(segmentSize))}
+		if err := s.StoreLogs([]*raft.Log{big, {Index: 62, Term: 1, Data: []byte("torn")}}); err != nil {
+			t.Fatal(err)
+		}
+		s.Close()
+		newest := files[len(files)-1]
+		if err := os.Truncate(newest.path, lastRecord(t, newest)+header+3); err != nil {
+			t.Fatal(err)
+		}
+		for i, want := range []uint64{61, 62} {
+			s, err := openLogStore(dir, false)
+			if err != nil {
+				t.Fatalf("open %d after the torn entry 62: %v", i+1, err)
+			}
+			if last, _ := s.LastIndex(); last != want {
+				t.Fatalf("open %d: last = %d; want %d", i+1, last, want)
+			}
+			if i == 0 {
+				if err := s.StoreLogs([]*raft.Log{{Index: 62, Term: 2, Data: []byte("again")}}); err != nil {
+					t.Fatal(err)
+				}
+			}
+			s.Close()
+		}
+	})
 	t.Run("damaged record of an older segment", func(t *testing.T) {
 		dir, files := build(t)
 		flip(t, files[0].path, lastRecord(t, files[0])+header+2)

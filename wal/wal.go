@@ -34,7 +34,11 @@
 // project's ext4 test machines an append and sync that grew the file took
 // twice as long as one into a preallocated file. The bytes past the last
 // record are then zeros, which read as a clean end (below); where the
-// file system cannot preallocate, the log grows with its records.
+// file system cannot preallocate, the log grows with its records. The
+// price: a power cut during the sync of an append of several records may
+// leave a later one of them on the disk without an earlier one (an
+// appended file's size, journaled after its data, kept that from
+// happening), which Open reports as corrupt although none was synced.
 //
 // # Reading: the end of the log, torn tails and corruption
 //
