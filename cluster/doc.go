@@ -27,6 +27,8 @@
 //     before a read is answered.
 //   - followerread.go: a follower's linearizable gets and scans, on its
 //     own state once it has applied the leader's read index.
+//   - rounds.go: one call shared by the callers that joined before it
+//     began (the confirmation rounds, the read-index asks).
 //   - forward.go: the one connection to the leader that other nodes'
 //     requests go over.
 //   - votes.go: a node that starts without raft state takes no part in

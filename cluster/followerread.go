@@ -3,7 +3,7 @@ package cluster
 import (
 	"context"
 	"errors"
-	"sync"
+	"sync/atomic"
 )
 
 // Follower reads (the raft thesis, §6.4). A linearizable get or scan that
@@ -36,11 +36,9 @@ import (
 // indexAsker asks the leader for read indexes on a follower's behalf, one
 // ask in flight at a time, shared by the reads that arrived before it.
 type indexAsker struct {
-	n       *Node
-	mu      sync.Mutex
-	waiting []chan askedIndex // reads waiting for the next ask
-	addr    string            // the leader's client address the latest read named
-	running bool              // a goroutine is asking
+	n      *Node
+	rounds rounds[askedIndex]     // reads share asks (rounds.go)
+	addr   atomic.Pointer[string] // the leader's client address the latest read named
 }
 
 // askedIndex is an ask's outcome.
@@ -61,7 +59,7 @@ func (n *Node) followerRead(ctx context.Context, addr string) error {
 		}
 		return errForward{addr}
 	}
-	if !appliedTo(n.fsm, n.raft, n.logs, index) {
+	if applied, _ := n.fsm.appliedIndex(); !appliedTo(applied, n.raft, n.logs, index) {
 		return errForward{addr}
 	}
 	n.followerReads.Add(1)
@@ -71,15 +69,11 @@ func (n *Node) followerRead(ctx context.Context, addr string) error {
 // ask waits for an ask that starts after the call, and returns the index
 // the leader gave.
 func (a *indexAsker) ask(ctx context.Context, addr string) (uint64, error) {
-	ch := make(chan askedIndex, 1)
-	a.mu.Lock()
-	a.waiting = append(a.waiting, ch)
-	a.addr = addr
-	if !a.running {
-		a.running = true
-		a.n.wg.Go(a.run)
-	}
-	a.mu.Unlock()
+	a.addr.Store(&addr)
+	ch := a.rounds.join(a.n.wg.Go, func() askedIndex {
+		index, err := a.once(*a.addr.Load())
+		return askedIndex{index, err}
+	})
 	select {
 	case r := <-ch:
 		return r.index, r.err
@@ -87,24 +81,6 @@ func (a *indexAsker) ask(ctx context.Context, addr string) (uint64, error) {
 		return 0, ctx.Err()
 	case <-a.n.stop:
 		return 0, errClosed
-	}
-}
-
-func (a *indexAsker) run() {
-	for {
-		a.mu.Lock()
-		batch, addr := a.waiting, a.addr
-		a.waiting = nil
-		if len(batch) == 0 {
-			a.running = false
-			a.mu.Unlock()
-			return
-		}
-		a.mu.Unlock()
-		index, err := a.once(addr)
-		for _, ch := range batch {
-			ch <- askedIndex{index, err}
-		}
 	}
 }
 

@@ -454,14 +454,14 @@ func TestAppliedToWaitsForTheFSM(t *testing.T) {
 	if e, err := f.m.Get([]byte("k")); err != nil || e.Value != nil {
 		t.Fatalf("the follower's k = %+v, %v while its FSM is held: the test does not hold it", e, err)
 	}
-	if appliedTo(f.fsm, f.raft, f.logs, index) {
+	if appliedTo(fsmApplied(f), f.raft, f.logs, index) {
 		t.Fatalf("appliedTo(%d) on the follower while its FSM is held before the put; raft's AppliedIndex is %d", index, f.raft.AppliedIndex())
 	}
 
 	close(g.release)
 	released = true
 	waitApplied(t, []*memNode{f}, index)
-	if !appliedTo(f.fsm, f.raft, f.logs, index) {
+	if !appliedTo(fsmApplied(f), f.raft, f.logs, index) {
 		t.Fatalf("appliedTo(%d) false once the follower applied it", index)
 	}
 	if e, err := f.m.Get([]byte("k")); err != nil || string(e.Value) != "v" {
@@ -477,7 +477,12 @@ func TestAppliedToWaitsForTheFSM(t *testing.T) {
 	if applied, _ := l.fsm.appliedIndex(); applied >= barrier {
 		t.Fatalf("the FSM's applied index %d is the barrier's %d: the case is not exercised", applied, barrier)
 	}
-	if !appliedTo(l.fsm, l.raft, l.logs, barrier) {
+	if !appliedTo(fsmApplied(l), l.raft, l.logs, barrier) {
 		t.Fatalf("appliedTo(%d), a barrier after the FSM's last entry, is false", barrier)
 	}
+}
+
+func fsmApplied(nd *memNode) uint64 {
+	i, _ := nd.fsm.appliedIndex()
+	return i
 }

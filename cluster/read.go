@@ -40,12 +40,11 @@ import (
 
 // verifier runs the leader's confirmation rounds for reads.
 type verifier struct {
-	n       *Node
-	mu      sync.Mutex
-	waiting []chan confirmed // reads waiting for the next round
-	running bool             // a goroutine runs rounds
-	peers   map[raft.ServerID]*peer
-	closed  bool
+	n      *Node
+	rounds rounds[confirmed] // reads share rounds (rounds.go)
+	mu     sync.Mutex        // guards peers and closed
+	peers  map[raft.ServerID]*peer
+	closed bool
 }
 
 // peer is a connection to another voter's client address, and its asks
@@ -67,14 +66,10 @@ type confirmed struct {
 // verify waits for a confirmation round that starts after the call, and
 // returns the term it confirmed.
 func (v *verifier) verify(ctx context.Context) (uint64, error) {
-	ch := make(chan confirmed, 1)
-	v.mu.Lock()
-	v.waiting = append(v.waiting, ch)
-	if !v.running {
-		v.running = true
-		v.n.wg.Go(v.run)
-	}
-	v.mu.Unlock()
+	ch := v.rounds.join(v.n.wg.Go, func() confirmed {
+		term, err := v.round()
+		return confirmed{term, err}
+	})
 	// A round waits for each voter's ask in flight before it asks again
 	// (send), so it can take up to twice the hold timeout when both are
 	// unreachable; the read is answered unavailable after one. Not what is
@@ -88,24 +83,6 @@ func (v *verifier) verify(ctx context.Context) (uint64, error) {
 		return 0, fmt.Errorf("no voter confirmed it within the hold timeout (%v)", v.n.cfg.HoldTimeout)
 	case <-ctx.Done():
 		return 0, ctx.Err()
-	}
-}
-
-func (v *verifier) run() {
-	for {
-		v.mu.Lock()
-		batch := v.waiting
-		v.waiting = nil
-		if len(batch) == 0 {
-			v.running = false
-			v.mu.Unlock()
-			return
-		}
-		v.mu.Unlock()
-		term, err := v.round()
-		for _, ch := range batch {
-			ch <- confirmed{term, err}
-		}
 	}
 }
 
@@ -360,8 +337,8 @@ func (n *Node) awaitApplied(ctx context.Context, index uint64) error {
 	timer := time.NewTimer(n.cfg.HoldTimeout)
 	defer timer.Stop()
 	for {
-		_, change := n.fsm.appliedIndex()
-		if appliedTo(n.fsm, n.raft, n.logs, index) {
+		applied, change := n.fsm.appliedIndex()
+		if appliedTo(applied, n.raft, n.logs, index) {
 			return nil
 		}
 		select {
@@ -375,7 +352,8 @@ func (n *Node) awaitApplied(ctx context.Context, index uint64) error {
 	}
 }
 
-// appliedTo reports whether f's state has applied the log up to index:
+// appliedTo reports whether the FSM, which has applied the entries it was
+// given up to applied (fsm.appliedIndex), has applied the log up to index:
 // whether a read from it now sees every entry committed at or below the
 // index. The FSM's own applied index says so for the entries it is given
 // (commands and configuration changes). raft's AppliedIndex does not: raft
@@ -387,8 +365,7 @@ func (n *Node) awaitApplied(ctx context.Context, index uint64) error {
 // has handed on the entries up to index (so that they are committed here,
 // not an old term's uncommitted tail) and none after the FSM's index is a
 // command or a configuration change, the state is the index's.
-func appliedTo(f *fsm, r *raft.Raft, logs raft.LogStore, index uint64) bool {
-	applied, _ := f.appliedIndex()
+func appliedTo(applied uint64, r *raft.Raft, logs raft.LogStore, index uint64) bool {
 	if applied >= index {
 		return true
 	}

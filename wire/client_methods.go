@@ -35,16 +35,7 @@ func decodeNodeStatus(dec *msgpack.Decoder, k string, st *fencekv.Status) (err e
 // Term returns the raft term of the cluster node reached, as it is when
 // the node answers (0 for a single node).
 func (c *Client) Term(ctx context.Context) (uint64, error) {
-	var t uint64
-	err := c.do(ctx, "term", nil, func(dec *msgpack.Decoder) error {
-		return eachField(dec, func(dec *msgpack.Decoder, k string) error {
-			if k != "term" {
-				return dec.Skip()
-			}
-			return decodeTo(dec, &t)
-		})
-	})
-	return t, err
+	return c.uintResult(ctx, "term", "term")
 }
 
 // ReadIndex asks a cluster's leader for a read index: its commit index,
@@ -52,16 +43,22 @@ func (c *Client) Term(ctx context.Context) (uint64, error) {
 // to the index may answer, from its own state, a linearizable read that
 // arrived before the call. A node that does not lead answers not_leader.
 func (c *Client) ReadIndex(ctx context.Context) (uint64, error) {
-	var index uint64
-	err := c.do(ctx, "read_index", nil, func(dec *msgpack.Decoder) error {
+	return c.uintResult(ctx, "read_index", "index")
+}
+
+// uintResult calls method, with no params, and returns the unsigned
+// integer its result holds under field.
+func (c *Client) uintResult(ctx context.Context, method, field string) (uint64, error) {
+	var v uint64
+	err := c.do(ctx, method, nil, func(dec *msgpack.Decoder) error {
 		return eachField(dec, func(dec *msgpack.Decoder, k string) error {
-			if k != "index" {
+			if k != field {
 				return dec.Skip()
 			}
-			return decodeTo(dec, &index)
+			return decodeTo(dec, &v)
 		})
 	})
-	return index, err
+	return v, err
 }
 
 // Members lists the nodes of the server's cluster (none for a single

@@ -776,15 +776,20 @@ func (r *clusterReport) clusterGoals() []goal {
 // run).
 func (r *clusterReport) singleGoals() []goal {
 	var gs []goal
+	// both finds fencekv's run of wl at clients in the cluster and on the
+	// single node.
+	both := func(wl bench.Workload, clients int) (c, one runResult, ok bool) {
+		c, ok = r.find("fencekv", wl, clients)
+		if !ok || r.single == nil {
+			return c, one, false
+		}
+		one, ok = r.single.find("fencekv", wl, clients)
+		return c, one, ok
+	}
 	half := func(wl bench.Workload) {
 		name := fmt.Sprintf("%s at 64 clients ≥ half a single node's", wl)
-		c, okc := r.find("fencekv", wl, 64)
-		var one runResult
-		oks := false
-		if r.single != nil {
-			one, oks = r.single.find("fencekv", wl, 64)
-		}
-		if !okc || !oks {
+		c, one, ok := both(wl, 64)
+		if !ok {
 			gs = append(gs, goal{name, "no single-node run to compare (--single)", "not checked"})
 			return
 		}
@@ -796,21 +801,17 @@ func (r *clusterReport) singleGoals() []goal {
 
 	const twice = "fenced-put at 1 client: p50 ≤ 2× a single node's"
 	const floorName = "fenced-put at 1 client: p50 ≤ 1.5× the floor (synced echo + forward hop)"
-	c, okc := r.find("fencekv", bench.FencedPut, 1)
-	var one runResult
-	oks := false
-	if r.single != nil {
-		one, oks = r.single.find("fencekv", bench.FencedPut, 1)
-	}
-	if !okc || !oks {
+	c, one, ok := both(bench.FencedPut, 1)
+	if !ok {
 		gs = append(gs, goal{twice, "no single-node run to compare (--single)", "not checked"})
 	} else {
 		got, base := c.Result.Latency.P50, one.Result.Latency.P50
 		gs = append(gs, goal{twice, fmt.Sprintf("%s (%s vs %s)", times(float64(got)/float64(base)), ms(got), ms(base)), atMost(float64(got)/float64(base), 2)})
 	}
-	if bl := r.single; !okc || bl == nil || bl.Baselines.SyncedEcho.Count == 0 || bl.Baselines.FencekvPing.Count == 0 {
+	if _, okc := r.find("fencekv", bench.FencedPut, 1); !okc || r.single == nil || r.single.Baselines.SyncedEcho.Count == 0 || r.single.Baselines.FencekvPing.Count == 0 {
 		gs = append(gs, goal{floorName, "no single-node baselines (--single)", "not checked"})
 	} else {
+		bl := r.single
 		got, floor := c.Result.Latency.P50, bl.Baselines.SyncedEcho.P50+bl.Baselines.FencekvPing.P50
 		gs = append(gs, goal{floorName, fmt.Sprintf("%s (%s vs %s: echo %s + ping %s)", times(float64(got)/float64(floor)), ms(got), ms(floor),
 			ms(bl.Baselines.SyncedEcho.P50), ms(bl.Baselines.FencekvPing.P50)), atMost(float64(got)/float64(floor), 1.5)})
